@@ -1,0 +1,56 @@
+// Checkpoints: one HDF5 file each, everything needed to serve a model and to resume training.
+//
+// File layout (format version 1, documented in docs/formats.md):
+//   attributes on /: format "cosmoflow-checkpoint", format_version 1, spec_json (ModelSpec::ToJson),
+//     step, epoch, samples_seen, rng_seed, optimizer (name), provenance_json (string map),
+//     checksum: CRC-32C (hex) over spec_json and every tensor's name, shape and bytes, in file order.
+//   /weights/<name>    float32 tensors in plain layout (see tensor.h)
+//   /optimizer/<name>  float32 optimizer state tensors (e.g. "adam.m.conv0.weights")
+// Writes go to "<path>.tmp.<pid>" in the same directory, fsync, rename, fsync the directory, so a
+// reader sees the old file or the complete new one, never a partial one.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/base/status.h"
+#include "core/nn/spec.h"
+#include "core/nn/tensor.h"
+
+namespace cosmoflow {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct TrainingState {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t samples_seen = 0;
+  uint64_t rng_seed = 0;
+  std::string optimizer;  // "adam", "sgd", "" (none)
+};
+
+struct Checkpoint {
+  ModelSpec spec;
+  std::vector<NamedTensor> weights;
+  std::vector<NamedTensor> optimizer_state;
+  TrainingState state;
+  std::map<std::string, std::string> provenance;  // dataset, ranks, git revision, command, ...
+  std::string checksum;                           // filled by Read/Write: 8 hex digits
+};
+
+// Atomic write (see above). Fills ckpt.checksum if given a non-const pointer via the return value.
+StatusOr<std::string> WriteCheckpoint(const std::string& path, const Checkpoint& ckpt);
+// Reads and verifies format, version, spec and checksum; the error says which check failed.
+StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
+
+// A directory of checkpoints "ckpt-<step 9 digits>.h5" with a pointer file "LATEST" holding the
+// file name of the newest one (updated atomically after the checkpoint itself is in place).
+// Saves, updates LATEST, and deletes all but the newest `keep_last` checkpoints.
+StatusOr<std::string> SaveCheckpointToDir(const std::string& dir, const Checkpoint& ckpt, int keep_last);
+// Path of the newest checkpoint in `dir` that passes verification, trying LATEST first then the
+// others newest first; corrupt ones are skipped with a warning. NotFound if none.
+StatusOr<std::string> FindLatestCheckpoint(const std::string& dir);
+
+}  // namespace cosmoflow

@@ -1,0 +1,87 @@
+// A model described by data: the JSON spec stored in every checkpoint.
+//
+// JSON form (all keys shown; docs/formats.md is the reference):
+// {
+//   "name": "sc18", "input_channels": 1, "input_side": 128,
+//   "input_transform": "log1p",          // "none" | "log1p" | "divide_by_mean"
+//   "outputs": [{"name": "Omega_M", "unit": "", "offset": 0.30, "scale": 0.05}, ...],
+//   "layers": [
+//     {"type": "conv3d", "filters": 16, "kernel": 3, "stride": 1, "padding": "valid"},
+//     {"type": "leaky_relu", "alpha": 0.01},
+//     {"type": "avg_pool", "size": 2},     // or "max_pool"; stride = size
+//     {"type": "dropout", "rate": 0.5},
+//     {"type": "flatten"},
+//     {"type": "dense", "units": 2048},
+//     {"type": "scaled_tanh", "scale": 1.2}
+//   ]
+// }
+// Label normalisation: the network regresses normalised labels n = (physical - offset) / scale;
+// the server maps its outputs back with physical = offset + scale * n. Both travel in the spec.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/status.h"
+
+namespace cosmoflow {
+
+enum class LayerType { kConv3d, kAvgPool, kMaxPool, kLeakyRelu, kDropout, kFlatten, kDense, kScaledTanh };
+enum class InputTransform { kNone, kLog1p, kDivideByMean };
+
+struct LayerSpec {
+  LayerType type = LayerType::kConv3d;
+  int filters = 0;     // conv3d
+  int kernel = 0;      // conv3d
+  int stride = 1;      // conv3d
+  bool same_padding = false;  // conv3d: SAME (output = ceil(in/stride)) vs VALID
+  int size = 0;        // pools: window = stride = size
+  float alpha = 0.f;   // leaky_relu
+  float rate = 0.f;    // dropout
+  int units = 0;       // dense
+  float scale = 1.f;   // scaled_tanh
+};
+
+struct OutputSpec {
+  std::string name;    // "Omega_M", "sigma_8", "n_s", "H0"
+  std::string unit;    // "" for dimensionless, "km/s/Mpc" for H0
+  float offset = 0.f;  // physical = offset + scale * normalised
+  float scale = 1.f;
+};
+
+struct ModelSpec {
+  std::string name;
+  int input_channels = 0;
+  int input_side = 0;
+  InputTransform input_transform = InputTransform::kLog1p;
+  std::vector<OutputSpec> outputs;
+  std::vector<LayerSpec> layers;
+
+  // Checks sizes and that every layer fits its input; the message names the layer (index, type).
+  Status Validate() const;
+  int64_t NumParameters() const;
+  // Forward FLOPs per sample, a multiply-add counted as 2 (conv and dense only), as the peer counts.
+  double ForwardFlops() const;
+
+  std::string ToJson() const;
+  static StatusOr<ModelSpec> FromJson(const std::string& json);
+};
+
+// Built-in specs: "sc18", "mlperf" (exactly as in the CosmoFlow papers), and small ones for tests
+// and the quickstart: "tiny32" (1x32^3), "small64" (1x64^3), "mlperf64" (4x64^3).
+StatusOr<ModelSpec> BuiltinSpec(const std::string& name);
+std::vector<std::string> BuiltinSpecNames();
+
+// Default label normalisation for the CosmoFlow parameter ranges: offset = centre of the range,
+// scale = half its width, so the normalised labels lie in [-1, 1].
+std::vector<OutputSpec> CosmoFlowOutputs(int num_params /* 3 or 4 */);
+
+// Applies the spec's input transform to `n` counts: log1p(x), x / mean(x) (mean over the cube's
+// channel), or identity. `voxels_per_channel` is used by divide_by_mean.
+void ApplyInputTransform(InputTransform t, const int16_t* counts, int64_t n, int64_t voxels_per_channel,
+                         float* dst);
+void ApplyInputTransform(InputTransform t, const float* values, int64_t n, int64_t voxels_per_channel,
+                         float* dst);
+
+}  // namespace cosmoflow
