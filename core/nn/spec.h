@@ -29,6 +29,8 @@ namespace cosmoflow {
 
 enum class LayerType { kConv3d, kAvgPool, kMaxPool, kLeakyRelu, kDropout, kFlatten, kDense, kScaledTanh };
 enum class InputTransform { kNone, kLog1p, kDivideByMean };
+const char* LayerTypeName(LayerType t);             // "conv3d", "avg_pool", ... (the JSON names)
+const char* InputTransformName(InputTransform t);   // "none", "log1p", "divide_by_mean"
 
 struct LayerSpec {
   LayerType type = LayerType::kConv3d;

@@ -1,0 +1,564 @@
+#include "core/nn/spec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace cosmoflow {
+using nlohmann::json;
+
+const char* LayerTypeName(LayerType t) {
+  switch (t) {
+    case LayerType::kConv3d: return "conv3d";
+    case LayerType::kAvgPool: return "avg_pool";
+    case LayerType::kMaxPool: return "max_pool";
+    case LayerType::kLeakyRelu: return "leaky_relu";
+    case LayerType::kDropout: return "dropout";
+    case LayerType::kFlatten: return "flatten";
+    case LayerType::kDense: return "dense";
+    case LayerType::kScaledTanh: return "scaled_tanh";
+  }
+  return "?";
+}
+
+namespace {
+
+bool ParseLayerType(const std::string& s, LayerType* t) {
+  static const std::pair<const char*, LayerType> kTable[] = {
+      {"conv3d", LayerType::kConv3d},         {"avg_pool", LayerType::kAvgPool},
+      {"max_pool", LayerType::kMaxPool},      {"leaky_relu", LayerType::kLeakyRelu},
+      {"dropout", LayerType::kDropout},       {"flatten", LayerType::kFlatten},
+      {"dense", LayerType::kDense},           {"scaled_tanh", LayerType::kScaledTanh}};
+  for (const auto& [name, type] : kTable) {
+    if (s == name) {
+      *t = type;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* InputTransformName(InputTransform t) {
+  switch (t) {
+    case InputTransform::kNone: return "none";
+    case InputTransform::kLog1p: return "log1p";
+    case InputTransform::kDivideByMean: return "divide_by_mean";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string LayerLabel(size_t i, LayerType t) {
+  return "layer " + std::to_string(i) + " (" + LayerTypeName(t) + ")";
+}
+
+// Shape walk shared by Validate, NumParameters and ForwardFlops. `spatial` < 0 after flatten.
+struct ShapeWalk {
+  int64_t channels = 0;
+  int64_t side = 0;
+  bool flat = false;
+  int64_t features() const { return flat ? channels : channels * side * side * side; }
+};
+
+int ConvOutSide(int in, int kernel, int stride, bool same) {
+  if (same) return (in + stride - 1) / stride;
+  return in < kernel ? 0 : (in - kernel) / stride + 1;
+}
+
+}  // namespace
+
+Status ModelSpec::Validate() const {
+  if (input_channels <= 0 || input_channels > 64) {
+    return InvalidArgumentError("spec '" + name + "': input_channels must be in [1, 64], got " +
+                                std::to_string(input_channels));
+  }
+  if (input_side <= 0 || input_side > 1024) {
+    return InvalidArgumentError("spec '" + name + "': input_side must be in [1, 1024], got " +
+                                std::to_string(input_side));
+  }
+  if (outputs.empty()) return InvalidArgumentError("spec '" + name + "': no outputs");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].name.empty()) {
+      return InvalidArgumentError("spec '" + name + "': output " + std::to_string(i) + " has no name");
+    }
+    if (!(outputs[i].scale != 0.f) || !std::isfinite(outputs[i].scale) || !std::isfinite(outputs[i].offset)) {
+      return InvalidArgumentError("spec '" + name + "': output " + std::to_string(i) + " (" + outputs[i].name +
+                                  ") needs a finite non-zero scale and finite offset");
+    }
+  }
+  if (layers.empty()) return InvalidArgumentError("spec '" + name + "': no layers");
+  ShapeWalk s{input_channels, input_side, false};
+  int last_dense_units = -1;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
+    auto bad = [&](const std::string& why) {
+      return InvalidArgumentError("spec '" + name + "': " + LayerLabel(i, l.type) + ": " + why);
+    };
+    switch (l.type) {
+      case LayerType::kConv3d: {
+        if (s.flat) return bad("conv3d after flatten");
+        if (l.filters <= 0) return bad("filters must be positive, got " + std::to_string(l.filters));
+        if (l.kernel <= 0) return bad("kernel must be positive, got " + std::to_string(l.kernel));
+        if (l.stride <= 0) return bad("stride must be positive, got " + std::to_string(l.stride));
+        if (!l.same_padding && l.kernel > s.side) {
+          return bad("kernel " + std::to_string(l.kernel) + " larger than input side " + std::to_string(s.side));
+        }
+        s.channels = l.filters;
+        s.side = ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding);
+        if (s.side <= 0) return bad("output side is zero");
+        break;
+      }
+      case LayerType::kAvgPool:
+      case LayerType::kMaxPool:
+        if (s.flat) return bad("pooling after flatten");
+        if (l.size <= 0) return bad("size must be positive, got " + std::to_string(l.size));
+        if (l.size > s.side) {
+          return bad("window " + std::to_string(l.size) + " larger than input side " + std::to_string(s.side));
+        }
+        s.side = s.side / l.size;
+        break;
+      case LayerType::kLeakyRelu:
+        if (!(l.alpha >= 0.f && l.alpha < 1.f)) return bad("alpha must be in [0, 1)");
+        break;
+      case LayerType::kDropout:
+        if (!(l.rate >= 0.f && l.rate < 1.f)) return bad("rate must be in [0, 1)");
+        break;
+      case LayerType::kFlatten:
+        if (s.flat) return bad("flatten twice");
+        s.channels = s.features();
+        s.side = 1;
+        s.flat = true;
+        break;
+      case LayerType::kDense:
+        if (!s.flat) return bad("dense before flatten");
+        if (l.units <= 0) return bad("units must be positive, got " + std::to_string(l.units));
+        s.channels = l.units;
+        last_dense_units = l.units;
+        break;
+      case LayerType::kScaledTanh:
+        if (i + 1 != layers.size()) return bad("scaled_tanh must be the last layer");
+        if (!(l.scale > 0.f) || !std::isfinite(l.scale)) return bad("scale must be positive");
+        break;
+    }
+    if (s.features() > (int64_t{1} << 31)) return bad("activation too large");
+  }
+  if (!s.flat) return InvalidArgumentError("spec '" + name + "': the network must end with flatten + dense");
+  if (last_dense_units < 0 || s.channels != static_cast<int64_t>(outputs.size())) {
+    return InvalidArgumentError("spec '" + name + "': the last dense layer has " + std::to_string(s.channels) +
+                                " units but the spec names " + std::to_string(outputs.size()) + " outputs");
+  }
+  return Status::Ok();
+}
+
+int64_t ModelSpec::NumParameters() const {
+  ShapeWalk s{input_channels, input_side, false};
+  int64_t n = 0;
+  for (const LayerSpec& l : layers) {
+    switch (l.type) {
+      case LayerType::kConv3d:
+        n += int64_t{l.filters} * s.channels * l.kernel * l.kernel * l.kernel + l.filters;
+        s.channels = l.filters;
+        s.side = ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding);
+        break;
+      case LayerType::kAvgPool:
+      case LayerType::kMaxPool:
+        if (l.size > 0) s.side /= l.size;
+        break;
+      case LayerType::kFlatten:
+        s.channels = s.features();
+        s.side = 1;
+        s.flat = true;
+        break;
+      case LayerType::kDense:
+        n += s.features() * l.units + l.units;
+        s.channels = l.units;
+        s.flat = true;
+        s.side = 1;
+        break;
+      default:
+        break;
+    }
+  }
+  return n;
+}
+
+double ModelSpec::ForwardFlops() const {
+  ShapeWalk s{input_channels, input_side, false};
+  double f = 0;
+  for (const LayerSpec& l : layers) {
+    switch (l.type) {
+      case LayerType::kConv3d: {
+        int64_t out = ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding);
+        f += 2.0 * l.kernel * l.kernel * l.kernel * s.channels * l.filters * double(out) * out * out;
+        s.channels = l.filters;
+        s.side = out;
+        break;
+      }
+      case LayerType::kAvgPool:
+      case LayerType::kMaxPool:
+        if (l.size > 0) s.side /= l.size;
+        break;
+      case LayerType::kFlatten:
+        s.channels = s.features();
+        s.side = 1;
+        s.flat = true;
+        break;
+      case LayerType::kDense:
+        f += 2.0 * s.features() * l.units;
+        s.channels = l.units;
+        s.flat = true;
+        s.side = 1;
+        break;
+      default:
+        break;
+    }
+  }
+  return f;
+}
+
+std::string ModelSpec::ToJson() const {
+  json j;
+  j["name"] = name;
+  j["input_channels"] = input_channels;
+  j["input_side"] = input_side;
+  j["input_transform"] = InputTransformName(input_transform);
+  j["outputs"] = json::array();
+  for (const auto& o : outputs) {
+    j["outputs"].push_back({{"name", o.name}, {"unit", o.unit}, {"offset", o.offset}, {"scale", o.scale}});
+  }
+  j["layers"] = json::array();
+  for (const auto& l : layers) {
+    json lj;
+    lj["type"] = LayerTypeName(l.type);
+    switch (l.type) {
+      case LayerType::kConv3d:
+        lj["filters"] = l.filters;
+        lj["kernel"] = l.kernel;
+        lj["stride"] = l.stride;
+        lj["padding"] = l.same_padding ? "same" : "valid";
+        break;
+      case LayerType::kAvgPool:
+      case LayerType::kMaxPool: lj["size"] = l.size; break;
+      case LayerType::kLeakyRelu: lj["alpha"] = l.alpha; break;
+      case LayerType::kDropout: lj["rate"] = l.rate; break;
+      case LayerType::kFlatten: break;
+      case LayerType::kDense: lj["units"] = l.units; break;
+      case LayerType::kScaledTanh: lj["scale"] = l.scale; break;
+    }
+    j["layers"].push_back(lj);
+  }
+  return j.dump();
+}
+
+StatusOr<ModelSpec> ModelSpec::FromJson(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(std::string("model spec: not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) return InvalidArgumentError("model spec: top level must be a JSON object");
+  ModelSpec s;
+  // Typed field readers that name the field on error.
+  auto get_int = [](const json& o, const char* key, const std::string& where, int* out,
+                    bool required) -> Status {
+    auto it = o.find(key);
+    if (it == o.end()) {
+      return required ? InvalidArgumentError(where + ": missing field '" + key + "'") : Status::Ok();
+    }
+    if (!it->is_number_integer()) return InvalidArgumentError(where + ": field '" + key + "' must be an integer");
+    int64_t v = it->get<int64_t>();
+    if (v < -(int64_t{1} << 30) || v > (int64_t{1} << 30)) {
+      return InvalidArgumentError(where + ": field '" + key + "' out of range");
+    }
+    *out = static_cast<int>(v);
+    return Status::Ok();
+  };
+  auto get_float = [](const json& o, const char* key, const std::string& where, float* out,
+                      bool required) -> Status {
+    auto it = o.find(key);
+    if (it == o.end()) {
+      return required ? InvalidArgumentError(where + ": missing field '" + key + "'") : Status::Ok();
+    }
+    if (!it->is_number()) return InvalidArgumentError(where + ": field '" + key + "' must be a number");
+    *out = it->get<float>();
+    return Status::Ok();
+  };
+  auto get_string = [](const json& o, const char* key, const std::string& where, std::string* out,
+                       bool required) -> Status {
+    auto it = o.find(key);
+    if (it == o.end()) {
+      return required ? InvalidArgumentError(where + ": missing field '" + key + "'") : Status::Ok();
+    }
+    if (!it->is_string()) return InvalidArgumentError(where + ": field '" + key + "' must be a string");
+    *out = it->get<std::string>();
+    return Status::Ok();
+  };
+
+  const std::string top = "model spec";
+  CF_RETURN_IF_ERROR(get_string(j, "name", top, &s.name, false));
+  CF_RETURN_IF_ERROR(get_int(j, "input_channels", top, &s.input_channels, true));
+  CF_RETURN_IF_ERROR(get_int(j, "input_side", top, &s.input_side, true));
+  std::string transform = "log1p";
+  CF_RETURN_IF_ERROR(get_string(j, "input_transform", top, &transform, false));
+  if (transform == "none") {
+    s.input_transform = InputTransform::kNone;
+  } else if (transform == "log1p") {
+    s.input_transform = InputTransform::kLog1p;
+  } else if (transform == "divide_by_mean") {
+    s.input_transform = InputTransform::kDivideByMean;
+  } else {
+    return InvalidArgumentError("model spec: unknown input_transform '" + transform +
+                                "' (expected none, log1p or divide_by_mean)");
+  }
+  auto outs = j.find("outputs");
+  if (outs == j.end() || !outs->is_array()) return InvalidArgumentError("model spec: 'outputs' must be an array");
+  for (size_t i = 0; i < outs->size(); ++i) {
+    const json& o = (*outs)[i];
+    std::string where = "model spec: output " + std::to_string(i);
+    if (!o.is_object()) return InvalidArgumentError(where + ": must be an object");
+    OutputSpec out;
+    CF_RETURN_IF_ERROR(get_string(o, "name", where, &out.name, true));
+    CF_RETURN_IF_ERROR(get_string(o, "unit", where, &out.unit, false));
+    CF_RETURN_IF_ERROR(get_float(o, "offset", where, &out.offset, false));
+    CF_RETURN_IF_ERROR(get_float(o, "scale", where, &out.scale, false));
+    s.outputs.push_back(out);
+  }
+  auto layers = j.find("layers");
+  if (layers == j.end() || !layers->is_array()) return InvalidArgumentError("model spec: 'layers' must be an array");
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const json& lj = (*layers)[i];
+    std::string where = "model spec: layer " + std::to_string(i);
+    if (!lj.is_object()) return InvalidArgumentError(where + ": must be an object");
+    std::string type;
+    CF_RETURN_IF_ERROR(get_string(lj, "type", where, &type, true));
+    LayerSpec l;
+    if (!ParseLayerType(type, &l.type)) return InvalidArgumentError(where + ": unknown layer type '" + type + "'");
+    where += " (" + type + ")";
+    switch (l.type) {
+      case LayerType::kConv3d: {
+        CF_RETURN_IF_ERROR(get_int(lj, "filters", where, &l.filters, true));
+        CF_RETURN_IF_ERROR(get_int(lj, "kernel", where, &l.kernel, true));
+        CF_RETURN_IF_ERROR(get_int(lj, "stride", where, &l.stride, false));
+        std::string pad = "valid";
+        CF_RETURN_IF_ERROR(get_string(lj, "padding", where, &pad, false));
+        if (pad != "valid" && pad != "same") {
+          return InvalidArgumentError(where + ": padding must be 'valid' or 'same', got '" + pad + "'");
+        }
+        l.same_padding = pad == "same";
+        break;
+      }
+      case LayerType::kAvgPool:
+      case LayerType::kMaxPool: CF_RETURN_IF_ERROR(get_int(lj, "size", where, &l.size, true)); break;
+      case LayerType::kLeakyRelu: CF_RETURN_IF_ERROR(get_float(lj, "alpha", where, &l.alpha, true)); break;
+      case LayerType::kDropout: CF_RETURN_IF_ERROR(get_float(lj, "rate", where, &l.rate, true)); break;
+      case LayerType::kFlatten: break;
+      case LayerType::kDense: CF_RETURN_IF_ERROR(get_int(lj, "units", where, &l.units, true)); break;
+      case LayerType::kScaledTanh: CF_RETURN_IF_ERROR(get_float(lj, "scale", where, &l.scale, true)); break;
+    }
+    s.layers.push_back(l);
+  }
+  CF_RETURN_IF_ERROR(s.Validate());
+  return s;
+}
+
+std::vector<OutputSpec> CosmoFlowOutputs(int num_params) {
+  // Ranges of the CosmoFlow parameter draws (DESIGN.md); H0 follows MLPerf's 70 * (1 +- 0.1).
+  std::vector<OutputSpec> all = {
+      {"Omega_M", "", 0.30f, 0.05f},
+      {"sigma_8", "", 0.865f, 0.085f},
+      {"n_s", "", 0.95f, 0.05f},
+      {"H0", "km/s/Mpc", 70.f, 7.f},
+  };
+  num_params = std::clamp(num_params, 1, 4);
+  all.resize(num_params);
+  return all;
+}
+
+namespace {
+
+LayerSpec Conv(int filters, int kernel, int stride, bool same) {
+  LayerSpec l;
+  l.type = LayerType::kConv3d;
+  l.filters = filters;
+  l.kernel = kernel;
+  l.stride = stride;
+  l.same_padding = same;
+  return l;
+}
+LayerSpec Pool(LayerType t, int size) {
+  LayerSpec l;
+  l.type = t;
+  l.size = size;
+  return l;
+}
+LayerSpec Leaky(float alpha) {
+  LayerSpec l;
+  l.type = LayerType::kLeakyRelu;
+  l.alpha = alpha;
+  return l;
+}
+LayerSpec Dropout(float rate) {
+  LayerSpec l;
+  l.type = LayerType::kDropout;
+  l.rate = rate;
+  return l;
+}
+LayerSpec Flatten() {
+  LayerSpec l;
+  l.type = LayerType::kFlatten;
+  return l;
+}
+LayerSpec Dense(int units) {
+  LayerSpec l;
+  l.type = LayerType::kDense;
+  l.units = units;
+  return l;
+}
+LayerSpec ScaledTanh(float scale) {
+  LayerSpec l;
+  l.type = LayerType::kScaledTanh;
+  l.scale = scale;
+  return l;
+}
+
+// SC18 / LBANN CosmoFlow layout, parameterised by width so small64 is the same shape, scaled down.
+ModelSpec Sc18Like(const std::string& name, int side, int w, int dense1, int dense2) {
+  ModelSpec s;
+  s.name = name;
+  s.input_channels = 1;
+  s.input_side = side;
+  s.input_transform = InputTransform::kLog1p;
+  s.outputs = CosmoFlowOutputs(3);
+  const float a = 0.01f;
+  auto& L = s.layers;
+  L = {Conv(w, 3, 1, false),     Leaky(a), Pool(LayerType::kAvgPool, 2),
+       Conv(2 * w, 4, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
+       Conv(4 * w, 4, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
+       Conv(8 * w, 3, 2, false), Leaky(a),
+       Conv(16 * w, 3, 1, false), Leaky(a),
+       Conv(16 * w, 2, 1, false), Leaky(a),
+       Conv(16 * w, 2, 1, false), Leaky(a),
+       Flatten(), Dropout(0.5f),
+       Dense(dense1), Leaky(a), Dropout(0.5f),
+       Dense(dense2), Leaky(a),
+       Dense(3)};
+  return s;
+}
+
+ModelSpec MlperfLike(const std::string& name, int side, int w, int blocks, int dense1, int dense2) {
+  ModelSpec s;
+  s.name = name;
+  s.input_channels = 4;
+  s.input_side = side;
+  s.input_transform = InputTransform::kLog1p;
+  s.outputs = CosmoFlowOutputs(4);
+  const float a = 0.3f;
+  for (int i = 0; i < blocks; ++i) {
+    s.layers.push_back(Conv(w << i, 3, 1, true));
+    s.layers.push_back(Leaky(a));
+    s.layers.push_back(Pool(LayerType::kMaxPool, 2));
+  }
+  s.layers.push_back(Flatten());
+  s.layers.push_back(Dense(dense1));
+  s.layers.push_back(Leaky(a));
+  s.layers.push_back(Dropout(0.5f));
+  s.layers.push_back(Dense(dense2));
+  s.layers.push_back(Leaky(a));
+  s.layers.push_back(Dropout(0.5f));
+  s.layers.push_back(Dense(4));
+  s.layers.push_back(ScaledTanh(1.2f));
+  return s;
+}
+
+}  // namespace
+
+StatusOr<ModelSpec> BuiltinSpec(const std::string& name) {
+  if (name == "sc18") return Sc18Like("sc18", 128, 16, 2048, 256);
+  // small64: 64^3 -> 62 -> 31 -> 28 -> 14 -> 11 -> 5 -> (stride 2) 2 ... too small for the tail, so
+  // the scaled-down variant keeps the first three blocks and a shorter tail.
+  if (name == "small64") {
+    ModelSpec s;
+    s.name = "small64";
+    s.input_channels = 1;
+    s.input_side = 64;
+    s.input_transform = InputTransform::kLog1p;
+    s.outputs = CosmoFlowOutputs(3);
+    const float a = 0.01f;
+    // 64 -> conv3 62 -> pool 31 -> conv4 28 -> pool 14 -> conv4 11 -> pool 5 -> conv3 3 -> conv2 2
+    s.layers = {Conv(8, 3, 1, false),  Leaky(a), Pool(LayerType::kAvgPool, 2),
+                Conv(16, 4, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
+                Conv(32, 4, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
+                Conv(64, 3, 1, false), Leaky(a),
+                Conv(64, 2, 1, false), Leaky(a),
+                Flatten(), Dropout(0.2f),
+                Dense(256), Leaky(a), Dropout(0.2f),
+                Dense(64), Leaky(a),
+                Dense(3)};
+    return s;
+  }
+  if (name == "tiny32") {
+    ModelSpec s;
+    s.name = "tiny32";
+    s.input_channels = 1;
+    s.input_side = 32;
+    s.input_transform = InputTransform::kLog1p;
+    s.outputs = CosmoFlowOutputs(3);
+    const float a = 0.01f;
+    // 32 -> conv3 30 -> avg 15 -> conv4 12 -> max 6 -> conv3 s2 same 3 -> flatten 8*27=216
+    s.layers = {Conv(4, 3, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
+                Conv(8, 4, 1, false), Leaky(a), Pool(LayerType::kMaxPool, 2),
+                Conv(8, 3, 2, true),  Leaky(a),
+                Flatten(), Dense(32), Leaky(a), Dropout(0.1f),
+                Dense(3)};
+    return s;
+  }
+  if (name == "mlperf") return MlperfLike("mlperf", 128, 32, 5, 128, 64);
+  // mlperf64: 4x64^3, 5 blocks -> 2^3 x 512 = 4096 features, same dense tail.
+  if (name == "mlperf64") return MlperfLike("mlperf64", 64, 32, 5, 128, 64);
+  return NotFoundError("unknown built-in model spec '" + name + "' (known: sc18, mlperf, tiny32, small64, mlperf64)");
+}
+
+std::vector<std::string> BuiltinSpecNames() { return {"sc18", "mlperf", "tiny32", "small64", "mlperf64"}; }
+
+namespace {
+template <typename T>
+void TransformImpl(InputTransform t, const T* src, int64_t n, int64_t voxels_per_channel, float* dst) {
+  switch (t) {
+    case InputTransform::kNone:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+      break;
+    case InputTransform::kLog1p:
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::log1p(static_cast<float>(src[i]));
+      break;
+    case InputTransform::kDivideByMean: {
+      int64_t vpc = voxels_per_channel > 0 ? voxels_per_channel : n;
+      for (int64_t start = 0; start < n; start += vpc) {
+        int64_t end = std::min(n, start + vpc);
+        double sum = 0;
+        for (int64_t i = start; i < end; ++i) sum += static_cast<double>(src[i]);
+        double mean = sum / static_cast<double>(end - start);
+        // An empty channel stays zero rather than becoming NaN.
+        float inv = mean > 0 ? static_cast<float>(1.0 / mean) : 0.f;
+        for (int64_t i = start; i < end; ++i) dst[i] = static_cast<float>(src[i]) * inv;
+      }
+      break;
+    }
+  }
+}
+}  // namespace
+
+void ApplyInputTransform(InputTransform t, const int16_t* counts, int64_t n, int64_t voxels_per_channel,
+                         float* dst) {
+  TransformImpl(t, counts, n, voxels_per_channel, dst);
+}
+void ApplyInputTransform(InputTransform t, const float* values, int64_t n, int64_t voxels_per_channel,
+                         float* dst) {
+  TransformImpl(t, values, n, voxels_per_channel, dst);
+}
+
+}  // namespace cosmoflow
