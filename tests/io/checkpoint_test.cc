@@ -1,0 +1,116 @@
+#include "core/nn/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tests/io/test_util.h"
+
+namespace cosmoflow {
+namespace {
+
+using testing::TempDir;
+
+constexpr float kMarker = 1234.5678f;  // a value we can find in the file to corrupt it
+
+Checkpoint Make(int64_t step) {
+  Checkpoint ck;
+  ck.spec = *BuiltinSpec("tiny32");
+  const int64_t n = ck.spec.NumParameters();
+  NamedTensor w{"all.weights", {n}, std::vector<float>(n)};
+  for (int64_t i = 0; i < n; ++i) w.data[i] = 0.001f * float(i % 997) + float(step);
+  w.data[n / 2] = kMarker;
+  ck.weights.push_back(w);
+  ck.optimizer_state.push_back({"adam.m.all.weights", {2, 3}, {1, 2, 3, 4, 5, 6}});
+  ck.state = {step, step / 10, step * 8, 42u, "adam"};
+  ck.provenance = {{"dataset", "/data/train"}, {"ranks", "2"}};
+  return ck;
+}
+
+TEST(CheckpointTest, RoundTripKeepsEverything) {
+  TempDir dir;
+  Checkpoint ck = Make(7);
+  auto sum = WriteCheckpoint(dir / "a.h5", ck);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  EXPECT_EQ(sum->size(), 8u);
+  auto r = ReadCheckpoint(dir / "a.h5");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->checksum, *sum);
+  EXPECT_EQ(r->spec.ToJson(), ck.spec.ToJson());
+  ASSERT_EQ(r->weights.size(), 1u);
+  EXPECT_EQ(r->weights[0].name, "all.weights");
+  EXPECT_EQ(r->weights[0].data, ck.weights[0].data);
+  ASSERT_EQ(r->optimizer_state.size(), 1u);
+  EXPECT_EQ(r->optimizer_state[0].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(r->optimizer_state[0].data, ck.optimizer_state[0].data);
+  EXPECT_EQ(r->state.step, 7);
+  EXPECT_EQ(r->state.samples_seen, 56);
+  EXPECT_EQ(r->state.rng_seed, 42u);
+  EXPECT_EQ(r->state.optimizer, "adam");
+  EXPECT_EQ(r->provenance, ck.provenance);
+}
+
+TEST(CheckpointTest, FlippedByteIsDetected) {
+  TempDir dir;
+  ASSERT_TRUE(WriteCheckpoint(dir / "a.h5", Make(1)).ok());
+  std::string bytes = testing::ReadAll(dir / "a.h5");
+  size_t at = bytes.find(std::string(reinterpret_cast<const char*>(&kMarker), 4));
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] ^= 0x01;
+  testing::WriteAll(dir / "a.h5", bytes);
+  auto r = ReadCheckpoint(dir / "a.h5");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("checksum mismatch"), std::string::npos) << r.status().message();
+}
+
+TEST(CheckpointTest, RefusesOtherFilesAndWrongSizes) {
+  TempDir dir;
+  testing::WriteAll(dir / "text.h5", "hello");
+  EXPECT_NE(ReadCheckpoint(dir / "text.h5").status().message().find("not an HDF5 file"), std::string::npos);
+  EXPECT_EQ(ReadCheckpoint(dir / "none.h5").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(WriteCheckpoint(dir / "a.h5", Make(1)).ok());
+  std::string bytes = testing::ReadAll(dir / "a.h5");
+  testing::WriteAll(dir / "trunc.h5", bytes.substr(0, bytes.size() * 2 / 3));
+  EXPECT_FALSE(ReadCheckpoint(dir / "trunc.h5").ok());
+
+  Checkpoint wrong = Make(1);
+  wrong.weights[0].data.pop_back();  // values no longer match the shape
+  EXPECT_EQ(WriteCheckpoint(dir / "w.h5", wrong).status().code(), StatusCode::kInvalidArgument);
+  Checkpoint other = Make(1);
+  other.weights[0] = {"all.weights", {10}, std::vector<float>(10)};
+  ASSERT_TRUE(WriteCheckpoint(dir / "o.h5", other).ok());
+  auto r = ReadCheckpoint(dir / "o.h5");
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("tiny32"), std::string::npos) << r.status().message();
+}
+
+TEST(CheckpointTest, DirectoryKeepsLastKAndFallsBackPastCorruptLatest) {
+  TempDir dir;
+  std::string ckdir = dir / "ckpts";
+  for (int64_t step : {10, 20, 30, 40}) ASSERT_TRUE(SaveCheckpointToDir(ckdir, Make(step), 3).ok());
+  EXPECT_EQ(testing::ReadAll(ckdir + "/LATEST"), "ckpt-000000040.h5\n");
+  EXPECT_TRUE(testing::ReadAll(ckdir + "/ckpt-000000010.h5").empty()) << "oldest should be deleted";
+  auto latest = FindLatestCheckpoint(ckdir);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, ckdir + "/ckpt-000000040.h5");
+
+  // Corrupt the newest: the previous one is chosen.
+  std::string path = ckdir + "/ckpt-000000040.h5";
+  std::string bytes = testing::ReadAll(path);
+  size_t at = bytes.find(std::string(reinterpret_cast<const char*>(&kMarker), 4));
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 1] ^= 0x40;
+  testing::WriteAll(path, bytes);
+  latest = FindLatestCheckpoint(ckdir);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, ckdir + "/ckpt-000000030.h5");
+  // No temporary files are left behind.
+  EXPECT_EQ(std::system(("test -z \"$(ls " + ckdir + " | grep tmp)\"").c_str()), 0);
+
+  TempDir empty;
+  EXPECT_EQ(FindLatestCheckpoint(empty.path()).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace cosmoflow
