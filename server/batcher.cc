@@ -1,0 +1,163 @@
+#include "server/batcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/base/log.h"
+
+namespace cosmoflow {
+namespace {
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+Batcher::Batcher(const BatcherOptions& options, Metrics* metrics)
+    : options_(options), metrics_(metrics) {
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+Batcher::~Batcher() { Stop(); }
+
+void Batcher::SetModel(std::shared_ptr<Model> model) {
+  std::lock_guard<std::mutex> lock(mu_);
+  model_ = std::move(model);
+}
+
+std::shared_ptr<Model> Batcher::model() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return model_;
+}
+
+int Batcher::queue_depth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return int(queue_.size());
+}
+
+Status Batcher::Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests) {
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return UnavailableError("the server is shutting down");
+    if (queue_.size() + requests.size() > size_t(options_.max_queue))
+      return ResourceExhaustedError("the request queue is full (" + std::to_string(queue_.size()) +
+                                    " of " + std::to_string(options_.max_queue) +
+                                    " cubes waiting); retry later");
+    for (auto& r : requests) {
+      r->enqueued = now;
+      queue_.push_back(std::move(r));
+    }
+    if (metrics_) metrics_->SetQueueDepth(double(queue_.size()));
+  }
+  requests.clear();
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+void Batcher::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !worker_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void Batcher::WorkerLoop() {
+  std::vector<std::unique_ptr<InferenceRequest>> batch;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) break;  // stopping and drained
+    const int max_batch = model_ ? std::min(options_.max_batch, model_->options().max_batch) : 1;
+    // Wait for company, but never longer than max_queue_delay after the oldest arrived. While
+    // stopping, queued work is run at once.
+    const auto flush_at = queue_.front()->enqueued + options_.max_queue_delay;
+    cv_.wait_until(lock, flush_at,
+                   [&] { return stopping_ || int(queue_.size()) >= max_batch; });
+    const int n = std::min<int>(max_batch, int(queue_.size()));
+    batch.clear();
+    for (int i = 0; i < n; ++i) {
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    if (metrics_) metrics_->SetQueueDepth(double(queue_.size()));
+    lock.unlock();
+    RunBatch(batch);
+    batch.clear();
+    lock.lock();
+  }
+}
+
+void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
+  const auto start = std::chrono::steady_clock::now();
+  std::shared_ptr<Model> model = this->model();
+
+  // Answer what must not be computed: expired, cancelled, or no model.
+  const auto wall_now = std::chrono::system_clock::now();
+  std::vector<InferenceRequest*> live;
+  for (auto& r : batch) {
+    if (metrics_) metrics_->RecordQueueWait(Seconds(start - r->enqueued));
+    if (r->cancelled && r->cancelled()) {
+      r->done(Status(StatusCode::kCancelled, "the request was cancelled before it was computed"), {});
+    } else if (r->deadline <= wall_now) {
+      r->done(Status(StatusCode::kDeadlineExceeded,
+                     "the deadline passed after " + std::to_string(Seconds(start - r->enqueued)) +
+                         " s in the queue, before the cube was computed"),
+              {});
+    } else if (!model) {
+      r->done(UnavailableError("no model is loaded"), {});
+    } else {
+      live.push_back(r.get());
+    }
+  }
+  if (live.empty()) return;
+
+  // Inputs were transformed on the gRPC thread for the model current then; after a reload to a
+  // different spec they are redone (or refused if the shape no longer fits).
+  const int64_t elements = model->input_elements();
+  const int p = model->num_outputs();
+  const int n = int(live.size());
+  batch_input_.resize(size_t(n) * elements);
+  batch_output_.resize(size_t(n) * p);
+  const ModelSpec& spec = model->spec();
+  const CubeShape want{spec.input_channels, spec.input_side, spec.input_side, spec.input_side};
+  std::vector<InferenceRequest*> computed;
+  for (InferenceRequest* r : live) {
+    float* dst = batch_input_.data() + computed.size() * elements;
+    if (r->prepared_for == model) {
+      std::memcpy(dst, r->input.data(), elements * sizeof(float));
+    } else if (r->cube.shape == want) {
+      CubeToNetworkInput(r->cube, spec.input_transform, dst);
+    } else {
+      r->done(FailedPreconditionError("the model changed to " + model->version() + ", which takes " +
+                                      want.ToString() + " cubes, while the request waited"),
+              {});
+      continue;
+    }
+    computed.push_back(r);
+  }
+  if (computed.empty()) return;
+  const int m = int(computed.size());
+  const auto compute_start = std::chrono::steady_clock::now();
+  model->Forward(m, batch_input_.data(), batch_output_.data());
+  const auto compute_end = std::chrono::steady_clock::now();
+  const double compute_seconds = Seconds(compute_end - compute_start);
+  if (metrics_) metrics_->RecordBatch(m, compute_seconds);
+
+  for (int i = 0; i < m; ++i) {
+    InferenceRequest* r = computed[i];
+    InferenceResult result;
+    result.values.assign(batch_output_.begin() + size_t(i) * p, batch_output_.begin() + size_t(i + 1) * p);
+    result.model = model;
+    result.queue_seconds = Seconds(start - r->enqueued);
+    result.compute_seconds = compute_seconds;
+    result.batch_size = m;
+    r->done(Status::Ok(), std::move(result));
+  }
+}
+
+}  // namespace cosmoflow

@@ -1,0 +1,89 @@
+// The dynamic batcher: groups concurrent requests into one forward pass.
+//
+// Requests wait in a bounded FIFO queue. One worker thread takes the oldest request, waits until
+// either max_batch requests are queued or the oldest has waited max_queue_delay, and runs them as
+// one batch through the current model. Requests whose deadline has passed or whose RPC was
+// cancelled are answered without computing. The network runs only on this worker thread, never on
+// a gRPC thread, and the model is read once per batch, so a reload swaps models between batches
+// and no request fails because of it.
+//
+// Thread-safety: every public method may be called from any thread. `done` callbacks run on the
+// worker thread (or on the caller of Submit/Stop when a request is refused) and must not block.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/base/status.h"
+#include "server/metrics.h"
+#include "server/model.h"
+#include "server/validate.h"
+
+namespace cosmoflow {
+
+struct InferenceResult {
+  std::vector<float> values;              // P outputs in physical units, spec order
+  std::shared_ptr<const Model> model;     // the model that computed them
+  double queue_seconds = 0;
+  double compute_seconds = 0;
+  int batch_size = 0;
+};
+
+struct InferenceRequest {
+  CubeView cube;                      // validated; its bytes must outlive `done`
+  std::vector<float> input;           // the transformed network input, made for `prepared_for`
+  std::shared_ptr<const Model> prepared_for;
+  std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
+  std::function<bool()> cancelled;    // optional; polled before computing
+  // Called exactly once with OK and the result, or the reason the request was not computed.
+  std::function<void(const Status&, InferenceResult&&)> done;
+  std::chrono::steady_clock::time_point enqueued;  // set by Submit
+};
+
+struct BatcherOptions {
+  int max_batch = 4;
+  std::chrono::microseconds max_queue_delay{2000};
+  int max_queue = 64;  // requests waiting (not counting the batch being computed)
+};
+
+class Batcher {
+ public:
+  Batcher(const BatcherOptions& options, Metrics* metrics);
+  ~Batcher();  // Stop()
+
+  // The model the next batch will use; may be swapped at any time.
+  void SetModel(std::shared_ptr<Model> model);
+  std::shared_ptr<Model> model() const;
+
+  // Enqueues all `requests` or none: RESOURCE_EXHAUSTED when the queue has no room for all of them,
+  // UNAVAILABLE once stopping. On error the requests' `done` is not called (the caller answers).
+  Status Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests);
+
+  // Refuses new requests, computes those already queued, joins the worker.
+  void Stop();
+  int queue_depth() const;
+  const BatcherOptions& options() const { return options_; }
+
+ private:
+  void WorkerLoop();
+  void RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch);
+
+  const BatcherOptions options_;
+  Metrics* metrics_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<InferenceRequest>> queue_;
+  std::shared_ptr<Model> model_;
+  bool stopping_ = false;
+  std::vector<float> batch_input_;   // worker only
+  std::vector<float> batch_output_;  // worker only
+  std::thread worker_;
+};
+
+}  // namespace cosmoflow

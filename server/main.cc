@@ -1,0 +1,144 @@
+// cosmoflow-server: serves a CosmoFlow checkpoint over gRPC (see docs/serving.md).
+//
+// Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT, in-flight requests drained), 2 bad flags,
+// 3 cannot start (address in use, TLS files, metrics port), 4 the checkpoint cannot be served.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "core/base/log.h"
+#include "server/flags.h"
+#include "server/server.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
+  --checkpoint PATH          checkpoint file, or a directory (serves its LATEST, watched for changes)
+  --address HOST:PORT        gRPC address (default 0.0.0.0:8500; port 0 = pick a free one)
+  --metrics-address HOST:PORT  Prometheus /metrics (default 0.0.0.0:9464; "" disables)
+  --max-batch N              largest dynamic batch (default 4)
+  --max-queue-delay-ms MS    longest wait for a batch to fill (default 2)
+  --max-queue N              queued cubes before RESOURCE_EXHAUSTED (default 64)
+  --max-message-bytes N      gRPC message limit, both ways (default 67108864)
+  --precision fp32|bf16      compute precision (default fp32)
+  --watch-interval-ms MS     poll the checkpoint directory's LATEST (default 1000; 0 = off)
+  --drain-timeout-s S        on SIGTERM, how long in-flight requests may take (default 30)
+  --tls-cert PEM --tls-key PEM [--tls-client-ca PEM]   TLS (client certificates required with a CA)
+  --port-file FILE           write the bound gRPC port there once listening
+  --metrics-port-file FILE   write the bound metrics port there
+Signals: SIGHUP reloads the checkpoint; SIGTERM/SIGINT drain and exit.
+)";
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  // Write-then-rename, so a watcher never reads a half-written port.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!(out << text << "\n")) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace cosmoflow;
+  Flags flags({{"checkpoint", true}, {"address", true}, {"metrics-address", true}, {"max-batch", true},
+               {"max-queue-delay-ms", true}, {"max-queue", true}, {"max-message-bytes", true},
+               {"precision", true}, {"watch-interval-ms", true}, {"drain-timeout-s", true},
+               {"tls-cert", true}, {"tls-key", true}, {"tls-client-ca", true}, {"port-file", true},
+               {"metrics-port-file", true}, {"help", false}});
+  auto usage_error = [](const std::string& message) {
+    std::cerr << "cosmoflow-server: " << message << "\n" << kUsage;
+    return 2;
+  };
+  if (Status s = flags.Parse(argc, argv); !s.ok()) return usage_error(s.message());
+  if (flags.Has("help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (!flags.positional().empty()) return usage_error("unexpected argument '" + flags.positional()[0] + "'");
+  if (!flags.Has("checkpoint")) return usage_error("--checkpoint is required");
+
+  ServerOptions options;
+  options.checkpoint = flags.Get("checkpoint");
+  options.address = flags.Get("address", "0.0.0.0:8500");
+  options.metrics_address = flags.Get("metrics-address", "0.0.0.0:9464");
+  options.tls_cert = flags.Get("tls-cert");
+  options.tls_key = flags.Get("tls-key");
+  options.tls_client_ca = flags.Get("tls-client-ca");
+  auto max_batch = flags.GetInt("max-batch", 4);
+  auto delay_ms = flags.GetDouble("max-queue-delay-ms", 2);
+  auto max_queue = flags.GetInt("max-queue", 64);
+  auto max_message = flags.GetInt("max-message-bytes", 64 << 20);
+  auto watch_ms = flags.GetInt("watch-interval-ms", 1000);
+  auto drain_s = flags.GetDouble("drain-timeout-s", 30);
+  auto precision = ParsePrecision(flags.Get("precision", "fp32"));
+  for (const Status& s : {max_batch.status(), delay_ms.status(), max_queue.status(), max_message.status(),
+                          watch_ms.status(), drain_s.status(), precision.status()})
+    if (!s.ok()) return usage_error(s.message());
+  if (*delay_ms < 0 || *watch_ms < 0 || *drain_s < 0)
+    return usage_error("durations must not be negative");
+  options.max_batch = int(*max_batch);
+  options.max_queue_delay = std::chrono::microseconds(int64_t(*delay_ms * 1000));
+  options.max_queue = int(*max_queue);
+  options.max_message_bytes = *max_message;
+  options.watch_interval = std::chrono::milliseconds(*watch_ms);
+  options.precision = *precision;
+  const auto drain = std::chrono::milliseconds(int64_t(*drain_s * 1000));
+
+  // Signals go to one thread that waits for them (blocked everywhere else, including the threads
+  // gRPC and OpenMP create later, which inherit this mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = InferenceServer::Start(options);
+  if (!server.ok()) {
+    std::cerr << "cosmoflow-server: cannot start: " << server.status().message() << "\n";
+    return 3;
+  }
+  InferenceServer* s = server->get();
+  std::thread signal_thread([s, signals, drain] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&signals, &sig) != 0) continue;
+      if (sig == SIGHUP) {
+        s->RequestReload();
+        continue;
+      }
+      CF_LOG(INFO) << "signal " << sig << ": draining in-flight requests (up to "
+                   << drain.count() / 1000.0 << " s)";
+      s->Shutdown(drain);
+      return;
+    }
+  });
+
+  if (flags.Has("port-file") && !WriteFile(flags.Get("port-file"), std::to_string(s->port()))) {
+    CF_LOG(WARNING) << "cannot write --port-file " << flags.Get("port-file");
+  }
+  if (flags.Has("metrics-port-file") &&
+      !WriteFile(flags.Get("metrics-port-file"), std::to_string(s->metrics_port()))) {
+    CF_LOG(WARNING) << "cannot write --metrics-port-file " << flags.Get("metrics-port-file");
+  }
+
+  int exit_code = 0;
+  if (Status st = s->LoadInitialModel(); !st.ok()) {
+    std::cerr << "cosmoflow-server: " << st.message() << "\n";
+    exit_code = 4;
+    kill(getpid(), SIGTERM);  // lets the signal thread shut down and return
+  } else {
+    CF_LOG(INFO) << "serving " << s->model()->version();
+  }
+  signal_thread.join();
+  s->Wait();
+  server->reset();
+  return exit_code;
+}

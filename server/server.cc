@@ -1,0 +1,610 @@
+#include "server/server.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "core/base/log.h"
+#include "proto/cosmoflow.grpc.pb.h"
+#include "server/validate.h"
+
+namespace cosmoflow {
+
+grpc::Status ToGrpcStatus(const Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(status.code())), status.message());
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+const char* CodeName(grpc::StatusCode code) {
+  return StatusCodeName(static_cast<StatusCode>(static_cast<int>(code)));
+}
+
+void FillModelInfo(const Model& model, const ServerOptions& options, v1::ModelInfo* info) {
+  const ModelSpec& spec = model.spec();
+  const Checkpoint& ckpt = model.checkpoint();
+  info->set_version(model.version());
+  info->set_checksum(ckpt.checksum);
+  info->set_spec_name(spec.name);
+  info->set_spec_json(spec.ToJson());
+  info->add_input_shape(spec.input_channels);
+  for (int i = 0; i < 3; ++i) info->add_input_shape(spec.input_side);
+  info->add_accepted_dtypes(v1::DTYPE_INT16);
+  info->add_accepted_dtypes(v1::DTYPE_FLOAT32);
+  switch (spec.input_transform) {
+    case InputTransform::kNone: info->set_input_transform("none"); break;
+    case InputTransform::kLog1p: info->set_input_transform("log1p"); break;
+    case InputTransform::kDivideByMean: info->set_input_transform("divide_by_mean"); break;
+  }
+  for (const auto& o : spec.outputs) {
+    auto* out = info->add_outputs();
+    out->set_name(o.name);
+    out->set_unit(o.unit);
+    out->set_offset(o.offset);
+    out->set_scale(o.scale);
+  }
+  info->set_num_parameters(spec.NumParameters());
+  info->set_step(ckpt.state.step);
+  info->set_epoch(ckpt.state.epoch);
+  for (const auto& [k, v] : ckpt.provenance) (*info->mutable_provenance())[k] = v;
+  info->set_checkpoint_path(model.path());
+  info->set_loaded_at_unix_seconds(model.loaded_at_unix_seconds());
+  info->set_load_seconds(model.load_seconds());
+  info->set_max_batch(model.options().max_batch);
+  info->set_max_message_bytes(options.max_message_bytes);
+  info->set_precision(PrecisionName(model.options().precision));
+}
+
+void FillResponse(const std::string& request_id, const InferenceResult& r, Clock::time_point start,
+                  v1::PredictResponse* resp) {
+  resp->set_request_id(request_id);
+  const auto& outputs = r.model->spec().outputs;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto* p = resp->add_parameters();
+    p->set_name(outputs[i].name);
+    p->set_unit(outputs[i].unit);
+    p->set_value(r.values[i]);
+  }
+  resp->set_model_version(r.model->version());
+  auto* t = resp->mutable_timings();
+  t->set_queue_seconds(r.queue_seconds);
+  t->set_compute_seconds(r.compute_seconds);
+  t->set_total_seconds(SecondsSince(start));
+  t->set_batch_size(r.batch_size);
+}
+
+}  // namespace
+
+// ---- the service ----
+
+class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
+ public:
+  explicit Service(InferenceServer* server) : server_(server) {}
+
+  // Validates and transforms one request into a batcher entry. `request` must outlive `done`.
+  StatusOr<std::unique_ptr<InferenceRequest>> Prepare(const v1::PredictRequest& request,
+                                                      const std::string& field,
+                                                      grpc::CallbackServerContext* ctx) {
+    server_->metrics_.AddReceivedBytes(double(request.cube().data().size()));
+    std::shared_ptr<Model> model = server_->batcher_->model();
+    if (!model) return UnavailableError("no model is loaded yet (the server is starting)");
+    if (!request.model_version().empty() && request.model_version() != model->version())
+      return FailedPreconditionError(field + ".model_version is '" + request.model_version() +
+                                     "' but the server runs '" + model->version() + "'");
+    const ModelSpec& spec = model->spec();
+    CF_ASSIGN_OR_RETURN(CubeView view, ValidateCube(request.cube(), {spec.input_channels, spec.input_side},
+                                                    field + ".cube"));
+    auto item = std::make_unique<InferenceRequest>();
+    item->cube = view;
+    item->input.resize(model->input_elements());
+    CubeToNetworkInput(view, spec.input_transform, item->input.data());
+    item->prepared_for = model;
+    if (ctx) {
+      item->deadline = ctx->deadline();
+      item->cancelled = [ctx] { return ctx->IsCancelled(); };
+    }
+    return item;
+  }
+
+  void Record(const char* method, const grpc::Status& status, Clock::time_point start) {
+    server_->metrics_.RecordRequest(method, CodeName(status.error_code()), SecondsSince(start));
+  }
+
+  grpc::ServerUnaryReactor* Predict(grpc::CallbackServerContext* ctx, const v1::PredictRequest* request,
+                                    v1::PredictResponse* response) override {
+    const auto start = Clock::now();
+    auto* reactor = ctx->DefaultReactor();
+    auto finish = [this, reactor, start](const grpc::Status& s) {
+      Record("Predict", s, start);
+      reactor->Finish(s);
+    };
+    auto item = Prepare(*request, "request", ctx);
+    if (!item.ok()) {
+      finish(ToGrpcStatus(item.status()));
+      return reactor;
+    }
+    (*item)->done = [request, response, start, finish](const Status& s, InferenceResult&& r) {
+      if (s.ok()) FillResponse(request->request_id(), r, start, response);
+      finish(ToGrpcStatus(s));
+    };
+    std::vector<std::unique_ptr<InferenceRequest>> items;
+    items.push_back(std::move(*item));
+    if (Status s = server_->batcher_->Submit(items); !s.ok()) finish(ToGrpcStatus(s));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* PredictBatch(grpc::CallbackServerContext* ctx,
+                                         const v1::PredictBatchRequest* request,
+                                         v1::PredictBatchResponse* response) override {
+    const auto start = Clock::now();
+    auto* reactor = ctx->DefaultReactor();
+    auto finish = [this, reactor, start](const grpc::Status& s) {
+      Record("PredictBatch", s, start);
+      reactor->Finish(s);
+    };
+    const int n = request->requests_size();
+    if (n == 0) {
+      finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "requests is empty (send at least one cube)"));
+      return reactor;
+    }
+    if (n > server_->options_.max_queue) {
+      finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "requests has " + std::to_string(n) + " cubes, more than the queue holds (" +
+                              std::to_string(server_->options_.max_queue) + "); split the batch"));
+      return reactor;
+    }
+    // Shared by the n completions; the last one answers the RPC.
+    struct State {
+      std::mutex mu;
+      int remaining;
+      Status first_error;
+    };
+    auto state = std::make_shared<State>();
+    state->remaining = n;
+    for (int i = 0; i < n; ++i) response->add_responses();
+    std::vector<std::unique_ptr<InferenceRequest>> items;
+    for (int i = 0; i < n; ++i) {
+      auto item = Prepare(request->requests(i), "requests[" + std::to_string(i) + "]", ctx);
+      if (!item.ok()) {
+        response->Clear();
+        finish(ToGrpcStatus(item.status()));
+        return reactor;
+      }
+      const auto& sub = request->requests(i);
+      auto* out = response->mutable_responses(i);
+      (*item)->done = [state, &sub, out, start, finish, response](const Status& s, InferenceResult&& r) {
+        bool last;
+        Status error;
+        {
+          std::lock_guard<std::mutex> lock(state->mu);
+          if (s.ok()) {
+            FillResponse(sub.request_id(), r, start, out);
+          } else if (state->first_error.ok()) {
+            state->first_error = s;
+          }
+          last = --state->remaining == 0;
+          error = state->first_error;
+        }
+        if (last) {
+          if (!error.ok()) response->Clear();
+          finish(ToGrpcStatus(error));
+        }
+      };
+      items.push_back(std::move(*item));
+    }
+    if (Status s = server_->batcher_->Submit(items); !s.ok()) {
+      response->Clear();
+      finish(ToGrpcStatus(s));
+    }
+    return reactor;
+  }
+
+  grpc::ServerBidiReactor<v1::PredictRequest, v1::PredictStreamResponse>* PredictStream(
+      grpc::CallbackServerContext* ctx) override {
+    return new StreamReactor(this, ctx);
+  }
+
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest*,
+                                         v1::ModelInfo* info) override {
+    const auto start = Clock::now();
+    auto* reactor = ctx->DefaultReactor();
+    grpc::Status status;
+    if (auto model = server_->batcher_->model()) {
+      FillModelInfo(*model, server_->options_, info);
+    } else {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no model is loaded yet (the server is starting)");
+    }
+    Record("GetModelInfo", status, start);
+    reactor->Finish(status);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ReloadModel(grpc::CallbackServerContext* ctx,
+                                        const v1::ReloadModelRequest* request,
+                                        v1::ReloadModelResponse* response) override {
+    const auto start = Clock::now();
+    auto* reactor = ctx->DefaultReactor();
+    // Loading builds and warms up networks: seconds of compute, so it runs on the reload thread.
+    server_->ReloadAsync(request->checkpoint_path(),
+                         [this, reactor, response, start](const StatusOr<std::shared_ptr<Model>>& model,
+                                                          bool changed) {
+                           grpc::Status status = ToGrpcStatus(model.status());
+                           if (model.ok()) {
+                             FillModelInfo(**model, server_->options_, response->mutable_model());
+                             response->set_changed(changed);
+                           }
+                           Record("ReloadModel", status, start);
+                           reactor->Finish(status);
+                         });
+    return reactor;
+  }
+
+ private:
+  // One PredictStream call. Reads one message at a time; each valid cube goes to the batcher and
+  // its reply is written when computed (replies may overtake each other: request_id matches them).
+  // A bad message gets an error reply and the stream goes on. The reactor deletes itself in
+  // OnDone, which gRPC calls only after Finish, and Finish is called only once reading has ended,
+  // no cube is in the batcher and no write is pending; so no batcher callback can outlive it.
+  class StreamReactor final : public grpc::ServerBidiReactor<v1::PredictRequest, v1::PredictStreamResponse> {
+   public:
+    StreamReactor(Service* service, grpc::CallbackServerContext* ctx) : service_(service), ctx_(ctx) {
+      incoming_ = std::make_unique<v1::PredictRequest>();
+      StartRead(incoming_.get());
+    }
+
+    void OnReadDone(bool ok) override {
+      if (!ok) {  // the client half-closed, or the call is broken
+        bool finish;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          reads_done_ = true;
+          finish = ShouldFinishLocked();
+        }
+        if (finish) Finish(grpc::Status::OK);
+        return;
+      }
+      const auto start = Clock::now();
+      std::shared_ptr<v1::PredictRequest> request = std::move(incoming_);
+      incoming_ = std::make_unique<v1::PredictRequest>();
+      auto item = service_->Prepare(*request, "request", ctx_);
+      if (item.ok()) {
+        (*item)->done = [this, request, start](const Status& s, InferenceResult&& r) {
+          auto reply = std::make_unique<v1::PredictStreamResponse>();
+          reply->set_request_id(request->request_id());
+          reply->set_code(int(s.code()));
+          if (s.ok()) {
+            FillResponse(request->request_id(), r, start, reply->mutable_result());
+          } else {
+            reply->set_message(s.message());
+          }
+          service_->Record("PredictStream", ToGrpcStatus(s), start);
+          Reply(std::move(reply), /*was_pending=*/true);
+        };
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++pending_;
+        }
+        std::vector<std::unique_ptr<InferenceRequest>> items;
+        items.push_back(std::move(*item));
+        Status s = service_->server_->batcher_->Submit(items);
+        if (s.ok()) {
+          StartRead(incoming_.get());
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          --pending_;
+        }
+        item = s;
+      }
+      auto reply = std::make_unique<v1::PredictStreamResponse>();
+      reply->set_request_id(request->request_id());
+      reply->set_code(int(item.status().code()));
+      reply->set_message(item.status().message());
+      service_->Record("PredictStream", ToGrpcStatus(item.status()), start);
+      // Read on before replying: Reply may finish the call only once reads are done.
+      StartRead(incoming_.get());
+      Reply(std::move(reply), /*was_pending=*/false);
+    }
+
+    void OnWriteDone(bool ok) override {
+      const v1::PredictStreamResponse* next = nullptr;
+      bool finish;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        writes_.pop_front();
+        if (!ok) {  // the client is gone: drop what is left to write
+          broken_ = true;
+          writes_.clear();
+        }
+        if (!writes_.empty()) {
+          next = writes_.front().get();
+        } else {
+          writing_ = false;
+        }
+        finish = ShouldFinishLocked();
+      }
+      // Outside the lock, and the last use of this: OnDone may follow on another thread.
+      if (next) {
+        StartWrite(next);
+      } else if (finish) {
+        Finish(grpc::Status::OK);
+      }
+    }
+
+    void OnDone() override { delete this; }
+
+   private:
+    void Reply(std::unique_ptr<v1::PredictStreamResponse> reply, bool was_pending) {
+      const v1::PredictStreamResponse* next = nullptr;
+      bool finish;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (was_pending) --pending_;
+        if (!broken_) {
+          writes_.push_back(std::move(reply));
+          if (!writing_) {
+            writing_ = true;
+            next = writes_.front().get();
+          }
+        }
+        finish = ShouldFinishLocked();
+      }
+      // Last statement: once Finish is called, OnDone may delete this on another thread.
+      if (next) {
+        StartWrite(next);
+      } else if (finish) {
+        Finish(grpc::Status::OK);
+      }
+    }
+
+    bool ShouldFinishLocked() {
+      if (finished_ || !reads_done_ || pending_ > 0 || writing_) return false;
+      finished_ = true;
+      return true;
+    }
+
+    Service* service_;
+    grpc::CallbackServerContext* ctx_;
+    std::unique_ptr<v1::PredictRequest> incoming_;  // target of the one outstanding read
+    std::mutex mu_;
+    std::deque<std::unique_ptr<v1::PredictStreamResponse>> writes_;  // front() is being written
+    int pending_ = 0;  // cubes in the batcher
+    bool reads_done_ = false;
+    bool writing_ = false;
+    bool broken_ = false;
+    bool finished_ = false;
+  };
+
+  InferenceServer* server_;
+};
+
+// ---- the server ----
+
+namespace {
+
+StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(std::string("cannot read the TLS ") + what + " file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string pem = ss.str();
+  if (pem.find("-----BEGIN") == std::string::npos)
+    return InvalidArgumentError(std::string("the TLS ") + what + " file '" + path + "' is not PEM");
+  return pem;
+}
+
+}  // namespace
+
+InferenceServer::InferenceServer(const ServerOptions& options) : options_(options) {}
+
+StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOptions& options) {
+  if (options.max_batch < 1 || options.max_batch > 256)
+    return InvalidArgumentError("--max-batch " + std::to_string(options.max_batch) + " is outside [1, 256]");
+  if (options.max_queue < 1)
+    return InvalidArgumentError("--max-queue " + std::to_string(options.max_queue) + " must be positive");
+  if (options.max_message_bytes < 1024 || options.max_message_bytes > (int64_t{2} << 30) - 1)
+    return InvalidArgumentError("--max-message-bytes " + std::to_string(options.max_message_bytes) +
+                                " is outside [1 KiB, 2 GiB)");
+  if (options.max_queue_delay.count() < 0)
+    return InvalidArgumentError("--max-queue-delay must not be negative");
+
+  std::unique_ptr<InferenceServer> server(new InferenceServer(options));
+  if (!options.metrics_address.empty())
+    CF_RETURN_IF_ERROR(server->metrics_.StartExposer(options.metrics_address));
+
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
+    if (options.tls_cert.empty() || options.tls_key.empty())
+      return InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+    grpc::SslServerCredentialsOptions ssl;
+    CF_ASSIGN_OR_RETURN(std::string cert, ReadPem(options.tls_cert, "certificate"));
+    CF_ASSIGN_OR_RETURN(std::string key, ReadPem(options.tls_key, "key"));
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    if (!options.tls_client_ca.empty()) {
+      CF_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca, "client CA"));
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    credentials = grpc::SslServerCredentials(ssl);
+  } else if (!options.tls_client_ca.empty()) {
+    return InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+
+  BatcherOptions batcher_options;
+  batcher_options.max_batch = options.max_batch;
+  batcher_options.max_queue_delay = options.max_queue_delay;
+  batcher_options.max_queue = options.max_queue;
+  server->batcher_ = std::make_unique<Batcher>(batcher_options, &server->metrics_);
+  server->service_ = std::make_unique<Service>(server.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.address, credentials, &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(int(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(int(options.max_message_bytes));
+  server->server_ = builder.BuildAndStart();
+  if (!server->server_ || server->port_ == 0)
+    return UnavailableError("cannot listen on '" + options.address + "' (address in use or invalid?)");
+  // Nothing is served until a model is loaded and warmed up.
+  server->server_->GetHealthCheckService()->SetServingStatus(false);
+  server->reload_thread_ = std::thread([s = server.get()] { s->ReloadLoop(); });
+  CF_LOG(INFO) << "listening on port " << server->port_
+               << (options.tls_cert.empty() ? " (plaintext)" : " (TLS)")
+               << (options.metrics_address.empty() ? std::string()
+                                                   : ", metrics on port " + std::to_string(server->metrics_port()));
+  return server;
+}
+
+InferenceServer::~InferenceServer() { Shutdown(std::chrono::milliseconds(0)); }
+
+Status InferenceServer::Install(std::shared_ptr<Model> model) {
+  metrics_.SetModel(model->version(), model->spec().name, model->checkpoint().checksum,
+                    model->load_seconds(), model->loaded_at_unix_seconds());
+  batcher_->SetModel(std::move(model));
+  return Status::Ok();
+}
+
+Status InferenceServer::LoadInitialModel() {
+  bool changed = false;
+  auto model = Reload(options_.checkpoint, &changed);
+  if (!model.ok()) return model.status();
+  last_latest_ = ReadLatestPointer();
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  return Status::Ok();
+}
+
+StatusOr<std::shared_ptr<Model>> InferenceServer::Reload(const std::string& path, bool* changed) {
+  std::lock_guard<std::mutex> lock(reload_mu_);
+  const std::string& target = path.empty() ? options_.checkpoint : path;
+  if (changed) *changed = false;
+  std::shared_ptr<Model> current = batcher_->model();
+  ModelOptions model_options;
+  model_options.max_batch = options_.max_batch;
+  model_options.precision = options_.precision;
+  auto model = Model::Load(target, model_options);
+  if (!model.ok()) {
+    if (current) {  // the first load is not a reload
+      metrics_.RecordReload(false);
+      CF_LOG(WARNING) << "reload refused, still serving " << current->version() << ": "
+                      << model.status().message();
+    }
+    return model.status();
+  }
+  if (current && current->version() == (*model)->version() && current->path() == (*model)->path()) {
+    metrics_.RecordReload(true);
+    return current;  // same checkpoint: keep the warm one
+  }
+  CF_RETURN_IF_ERROR(Install(*model));
+  if (current) {
+    metrics_.RecordReload(true);
+    CF_LOG(INFO) << "now serving " << (*model)->version() << " (was " << current->version() << ")";
+  }
+  if (changed) *changed = true;
+  return *model;
+}
+
+void InferenceServer::ReloadAsync(
+    const std::string& path,
+    std::function<void(const StatusOr<std::shared_ptr<Model>>&, bool changed)> done) {
+  std::lock_guard<std::mutex> lock(tasks_mu_);
+  if (stop_reload_thread_) {
+    done(UnavailableError("the server is shutting down"), false);
+    return;
+  }
+  tasks_.push_back([this, path, done = std::move(done)] {
+    bool changed = false;
+    auto model = Reload(path, &changed);
+    done(model, changed);
+  });
+  tasks_cv_.notify_one();
+}
+
+std::string InferenceServer::ReadLatestPointer() const {
+  struct stat st;
+  if (::stat(options_.checkpoint.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "";
+  std::ifstream in(options_.checkpoint + "/LATEST");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+void InferenceServer::ReloadLoop() {
+  const auto interval = options_.watch_interval.count() > 0 ? options_.watch_interval
+                                                            : std::chrono::milliseconds(200);
+  std::unique_lock<std::mutex> lock(tasks_mu_);
+  for (;;) {
+    tasks_cv_.wait_for(lock, interval, [&] { return stop_reload_thread_ || !tasks_.empty(); });
+    while (!tasks_.empty()) {
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+    if (stop_reload_thread_) break;
+    if (!batcher_->model()) continue;  // the initial load has not happened yet
+    lock.unlock();
+    if (reload_requested_.exchange(false)) {
+      CF_LOG(INFO) << "reload requested (SIGHUP): " << options_.checkpoint;
+      (void)Reload("");
+      last_latest_ = ReadLatestPointer();
+    } else if (options_.watch_interval.count() > 0) {
+      std::string latest = ReadLatestPointer();
+      if (!latest.empty() && latest != last_latest_) {
+        CF_LOG(INFO) << "LATEST in " << options_.checkpoint << " now names " << latest << ": reloading";
+        last_latest_ = latest;  // a bad checkpoint is tried once, not every interval
+        (void)Reload("");
+      }
+    }
+    lock.lock();
+  }
+}
+
+void InferenceServer::Shutdown(std::chrono::milliseconds drain) {
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    // Refuses new calls and waits for in-flight ones (they still need the batcher), cancelling
+    // whatever is left at the deadline.
+    server_->Shutdown(std::chrono::system_clock::now() + drain);
+  }
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    stop_reload_thread_ = true;
+  }
+  tasks_cv_.notify_all();
+  if (reload_thread_.joinable()) reload_thread_.join();
+  if (batcher_) batcher_->Stop();
+  if (server_) server_->Wait();
+  CF_LOG(INFO) << "server stopped";
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    stopped_ = true;
+  }
+  shutdown_cv_.notify_all();
+}
+
+void InferenceServer::Wait() {
+  std::unique_lock<std::mutex> lock(shutdown_mu_);
+  shutdown_cv_.wait(lock, [&] { return stopped_; });
+}
+
+}  // namespace cosmoflow

@@ -1,0 +1,121 @@
+// The CosmoFlow inference server: gRPC service cosmoflow.v1.CosmoFlow (proto/cosmoflow.proto) on
+// the callback API, the dynamic batcher, model (re)loading, health, reflection, TLS and metrics.
+//
+// Life cycle:
+//   auto server = InferenceServer::Start(options);  // listening; health NOT_SERVING
+//   server->LoadInitialModel();                     // read, verify, build, warm up; SERVING
+//   ... Reload() / RequestReload() / the checkpoint directory's LATEST pointer swap models ...
+//   server->Shutdown(drain);                        // NOT_SERVING, finish in-flight, stop
+// Predict calls before a model is loaded get UNAVAILABLE.
+//
+// Thread-safety: every public method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <grpcpp/server.h>
+
+#include "core/base/status.h"
+#include "core/nn/network.h"
+#include "server/batcher.h"
+#include "server/metrics.h"
+#include "server/model.h"
+
+namespace cosmoflow {
+
+struct ServerOptions {
+  std::string address = "127.0.0.1:8500";  // host:port; port 0 picks a free one (see port())
+  std::string metrics_address;             // host:port for /metrics; empty = no exposer
+  std::string checkpoint;                  // a checkpoint file or a checkpoint directory
+  int max_batch = 4;
+  std::chrono::microseconds max_queue_delay{2000};
+  int max_queue = 64;
+  // Largest message accepted and sent, both ways (gRPC's default of 4 MiB is below one 128^3
+  // float32 cube). Larger requests get RESOURCE_EXHAUSTED from gRPC itself.
+  int64_t max_message_bytes = 64 << 20;
+  Precision precision = Precision::kFp32;
+  // How often the reload thread polls a checkpoint directory's LATEST pointer (and the SIGHUP flag);
+  // 0 disables directory watching.
+  std::chrono::milliseconds watch_interval{1000};
+  // TLS: PEM files. With cert and key the server speaks TLS only; with client_ca too, clients must
+  // present a certificate signed by it.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+};
+
+class InferenceServer {
+ public:
+  // Binds the gRPC port (and the metrics port), starts the batcher and the reload thread. Errors:
+  // unreadable TLS files, a port that cannot be bound, bad options.
+  static StatusOr<std::unique_ptr<InferenceServer>> Start(const ServerOptions& options);
+  ~InferenceServer();  // Shutdown(0)
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_.exposer_port(); }
+  Metrics& metrics() { return metrics_; }
+  std::shared_ptr<Model> model() const { return batcher_->model(); }
+  const ServerOptions& options() const { return options_; }
+
+  // Loads options.checkpoint; on success the server reports SERVING. On failure it stays
+  // NOT_SERVING and the error says why (the caller decides whether to exit).
+  Status LoadInitialModel();
+
+  // Loads `path` (empty: options.checkpoint, re-resolving LATEST) and swaps it in. On failure the
+  // current model keeps serving and the error says why. Serialised with other reloads; blocks.
+  // `changed` (optional) tells whether the served model changed.
+  StatusOr<std::shared_ptr<Model>> Reload(const std::string& path, bool* changed = nullptr);
+  // The same on the reload thread; `done` gets the result there.
+  void ReloadAsync(const std::string& path,
+                   std::function<void(const StatusOr<std::shared_ptr<Model>>&, bool changed)> done);
+  // Asks the reload thread to reload options.checkpoint (what SIGHUP does). Async-signal-safe.
+  void RequestReload() { reload_requested_.store(true); }
+
+  // Health NOT_SERVING, refuse new RPCs, let in-flight ones finish for up to `drain` (then cancel
+  // them), stop the batcher and the reload thread. Idempotent.
+  void Shutdown(std::chrono::milliseconds drain);
+  // Blocks until Shutdown() has finished.
+  void Wait();
+
+ private:
+  class Service;
+  explicit InferenceServer(const ServerOptions& options);
+  void ReloadLoop();
+  Status Install(std::shared_ptr<Model> model);
+  std::string ReadLatestPointer() const;
+
+  ServerOptions options_;
+  Metrics metrics_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+
+  std::mutex reload_mu_;  // serialises Reload()
+  std::atomic<bool> reload_requested_{false};
+  std::mutex tasks_mu_;
+  std::condition_variable tasks_cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_reload_thread_ = false;
+  std::string last_latest_;  // reload thread only
+  std::thread reload_thread_;
+
+  std::mutex shutdown_mu_;
+  std::condition_variable shutdown_cv_;
+  bool shut_down_ = false;  // Shutdown() has started
+  bool stopped_ = false;    // Shutdown() has finished
+};
+
+// gRPC and core status codes share numbers.
+grpc::Status ToGrpcStatus(const Status& status);
+
+}  // namespace cosmoflow

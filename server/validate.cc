@@ -1,0 +1,148 @@
+#include "server/validate.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace cosmoflow {
+namespace {
+
+std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape) {
+  std::string s = "[";
+  for (int i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// "(c, d, h, w)" of flat element `i` in the given layout, for messages that point at a voxel.
+std::string VoxelName(const CubeShape& s, AxisLayout layout, int64_t i) {
+  int64_t c, d, h, w;
+  if (layout == AxisLayout::kChannelFirst) {
+    w = i % s.width;
+    i /= s.width;
+    h = i % s.height;
+    i /= s.height;
+    d = i % s.depth;
+    c = i / s.depth;
+  } else {
+    c = i % s.channels;
+    i /= s.channels;
+    w = i % s.width;
+    i /= s.width;
+    h = i % s.height;
+    d = i / s.height;
+  }
+  return "(c=" + std::to_string(c) + ", d=" + std::to_string(d) + ", h=" + std::to_string(h) +
+         ", w=" + std::to_string(w) + ")";
+}
+
+}  // namespace
+
+StatusOr<CubeView> ValidateCube(const v1::Cube& cube, const ExpectedInput& expected,
+                                const std::string& field) {
+  CubeView view;
+  switch (cube.dtype()) {
+    case v1::DTYPE_INT16: view.dtype = DType::kInt16; break;
+    case v1::DTYPE_FLOAT32: view.dtype = DType::kFloat32; break;
+    case v1::DTYPE_UNSPECIFIED:
+      return InvalidArgumentError(field + ".dtype is unspecified (expected DTYPE_INT16 or DTYPE_FLOAT32)");
+    default:
+      return InvalidArgumentError(field + ".dtype has unknown value " + std::to_string(cube.dtype()) +
+                                  " (expected DTYPE_INT16 or DTYPE_FLOAT32)");
+  }
+  switch (cube.layout()) {
+    case v1::LAYOUT_UNSPECIFIED:
+    case v1::LAYOUT_CHANNEL_FIRST: view.layout = AxisLayout::kChannelFirst; break;
+    case v1::LAYOUT_CHANNEL_LAST: view.layout = AxisLayout::kChannelLast; break;
+    default:
+      return InvalidArgumentError(field + ".layout has unknown value " + std::to_string(cube.layout()) +
+                                  " (expected LAYOUT_CHANNEL_FIRST or LAYOUT_CHANNEL_LAST)");
+  }
+
+  const auto& shape = cube.shape();
+  if (shape.empty() && cube.data().empty())
+    return InvalidArgumentError(field + " is empty (no shape and no data)");
+  if (shape.size() != 3 && shape.size() != 4)
+    return InvalidArgumentError(field + ".shape " + ShapeString(shape) + " has " +
+                                std::to_string(shape.size()) +
+                                " extents (expected [C, D, H, W], [D, H, W, C] or [D, H, W])");
+  for (int i = 0; i < shape.size(); ++i)
+    if (shape[i] <= 0 || shape[i] > (int64_t{1} << 20))
+      return InvalidArgumentError(field + ".shape " + ShapeString(shape) + " has extent " +
+                                  std::to_string(shape[i]) + " at axis " + std::to_string(i) +
+                                  " (every extent must be in [1, 2^20])");
+  if (shape.size() == 3) {
+    view.shape = {1, int(shape[0]), int(shape[1]), int(shape[2])};
+  } else if (view.layout == AxisLayout::kChannelFirst) {
+    view.shape = {int(shape[0]), int(shape[1]), int(shape[2]), int(shape[3])};
+  } else {
+    view.shape = {int(shape[3]), int(shape[0]), int(shape[1]), int(shape[2])};
+  }
+  const CubeShape want{expected.channels, expected.side, expected.side, expected.side};
+  if (view.shape != want)
+    return InvalidArgumentError(field + ".shape " + ShapeString(shape) + " is " +
+                                view.shape.ToString() + " channel-first, but the model takes " +
+                                want.ToString());
+
+  const size_t want_bytes = size_t(view.shape.elements()) * DTypeSize(view.dtype);
+  if (cube.data().size() != want_bytes)
+    return InvalidArgumentError(field + ".data has " + std::to_string(cube.data().size()) +
+                                " bytes, but shape " + ShapeString(shape) + " of " +
+                                DTypeName(view.dtype) + " needs " + std::to_string(want_bytes));
+  view.data = cube.data().data();
+
+  // Values: counts are never negative and floats must be finite. memcpy because protobuf gives
+  // no alignment guarantee for bytes fields.
+  const int64_t n = view.shape.elements();
+  const char* p = static_cast<const char*>(view.data);
+  if (view.dtype == DType::kInt16) {
+    for (int64_t i = 0; i < n; ++i) {
+      int16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      if (v < 0)
+        return InvalidArgumentError(field + ".data has negative count " + std::to_string(v) +
+                                    " at voxel " + VoxelName(view.shape, view.layout, i));
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, p + 4 * i, 4);
+      if (!(v >= 0.f && v <= std::numeric_limits<float>::max())) {  // catches NaN, Inf, < 0
+        std::string what = std::isnan(v) ? "NaN" : std::isinf(v) ? "infinite value" : "negative value " + std::to_string(v);
+        return InvalidArgumentError(field + ".data has " + what + " at voxel " +
+                                    VoxelName(view.shape, view.layout, i));
+      }
+    }
+  }
+  return view;
+}
+
+void CubeToNetworkInput(const CubeView& cube, InputTransform transform, float* dst) {
+  const int64_t n = cube.shape.elements();
+  const int64_t voxels = cube.shape.voxels();
+  const void* src = cube.data;
+  Cube transposed;
+  if (cube.layout == AxisLayout::kChannelLast && cube.shape.channels > 1) {
+    transposed = ChannelLastToFirst(cube.data, cube.shape, cube.dtype);
+    src = transposed.raw();
+  }
+  // The request bytes may be unaligned: copy into an aligned buffer unless already transposed.
+  if (cube.dtype == DType::kInt16) {
+    std::vector<int16_t> aligned;
+    const int16_t* counts;
+    if (src == cube.data) {
+      aligned.resize(n);
+      std::memcpy(aligned.data(), src, n * 2);
+      counts = aligned.data();
+    } else {
+      counts = static_cast<const int16_t*>(src);
+    }
+    ApplyInputTransform(transform, counts, n, voxels, dst);
+  } else {
+    // Copied first: the request bytes may be unaligned, and the transform may not work in place.
+    std::vector<float> values(n);
+    std::memcpy(values.data(), src, n * 4);
+    ApplyInputTransform(transform, values.data(), n, voxels, dst);
+  }
+}
+
+}  // namespace cosmoflow
