@@ -1,0 +1,48 @@
+// Learning-rate recipes, as functions of the global step (fractional epochs = step / steps_per_epoch).
+//
+// - kMlperf (MLPerf HPC CosmoFlow reference): SGD with momentum; peak LR = base_lr * global_batch /
+//   base_batch (linear scaling); linear warmup from base_lr to the peak over warmup_epochs; then the
+//   peak times decay_factors[i] from epoch decay_epochs[i] on (step decay).
+// - kSc18 (CosmoFlow SC18): Adam; LR decays linearly from base_lr at step 0 to end_lr at the last step.
+// - kConstant: base_lr throughout (tests, debugging).
+// Pure and deterministic, so a resumed run gets the same LR at the same step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/status.h"
+
+namespace cosmoflow {
+
+enum class LrRecipe { kMlperf, kSc18, kConstant };
+StatusOr<LrRecipe> ParseLrRecipe(const std::string& name);  // "mlperf" | "sc18" | "constant"
+const char* LrRecipeName(LrRecipe recipe);
+
+struct LrScheduleConfig {
+  LrRecipe recipe = LrRecipe::kMlperf;
+  double base_lr = 0.001;
+  int base_batch = 64;               // kMlperf: the batch at which base_lr applies
+  double warmup_epochs = 4;          // kMlperf
+  std::vector<double> decay_epochs = {32, 64};     // kMlperf, ascending
+  std::vector<double> decay_factors = {0.25, 0.125};  // kMlperf, same length
+  double end_lr = 0;                 // kSc18: LR at the last step
+};
+
+class LrSchedule {
+ public:
+  // Checks the config (positive LR, ascending decay epochs, matching lengths).
+  static StatusOr<LrSchedule> Create(const LrScheduleConfig& config, int global_batch,
+                                     int64_t steps_per_epoch, int64_t total_steps);
+  double At(int64_t step) const;
+  double peak_lr() const { return peak_lr_; }
+
+ private:
+  LrScheduleConfig config_;
+  double peak_lr_ = 0;
+  int64_t steps_per_epoch_ = 1;
+  int64_t total_steps_ = 1;
+};
+
+}  // namespace cosmoflow

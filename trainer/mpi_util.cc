@@ -1,0 +1,81 @@
+#include "trainer/mpi_util.h"
+
+#include <algorithm>
+
+namespace cosmoflow {
+
+MpiWorld DescribeWorld(MPI_Comm comm) {
+  MpiWorld w;
+  w.comm = comm;
+  MPI_Comm_rank(comm, &w.rank);
+  MPI_Comm_size(comm, &w.size);
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, w.rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &w.local_rank);
+  MPI_Comm_size(node, &w.local_size);
+  MPI_Comm_free(&node);
+  return w;
+}
+
+Status AgreeOnStatus(const Status& local, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int mine = local.ok() ? size : rank;
+  int first_bad = size;
+  MPI_Allreduce(&mine, &first_bad, 1, MPI_INT, MPI_MIN, comm);
+  if (first_bad == size) return Status::Ok();
+  // The failing rank broadcasts its code and message so every rank returns the same Status.
+  int code = static_cast<int>(local.code());
+  MPI_Bcast(&code, 1, MPI_INT, first_bad, comm);
+  std::string message = local.message();
+  int length = static_cast<int>(message.size());
+  MPI_Bcast(&length, 1, MPI_INT, first_bad, comm);
+  message.resize(length);
+  MPI_Bcast(message.data(), length, MPI_CHAR, first_bad, comm);
+  if (first_bad != 0) message = "rank " + std::to_string(first_bad) + ": " + message;
+  return Status(static_cast<StatusCode>(code), message);
+}
+
+bool AnyRankTrue(bool flag, MPI_Comm comm) {
+  int mine = flag ? 1 : 0, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
+  return any != 0;
+}
+
+void AllreduceSum(std::vector<double>& values, MPI_Comm comm) {
+  MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM, comm);
+}
+
+bool SameOnAllRanks(uint32_t checksum, MPI_Comm comm) {
+  unsigned long long v[2] = {checksum, ~static_cast<unsigned long long>(checksum)};
+  unsigned long long r[2] = {0, 0};
+  // max(x) == x and max(~x) == ~x on all ranks iff min == max everywhere.
+  MPI_Allreduce(v, r, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+  int same = (r[0] == v[0] && r[1] == v[1]) ? 1 : 0, all_same = 0;
+  MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, comm);
+  return all_same != 0;
+}
+
+std::vector<float> GatherToRoot(const std::vector<float>& local, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int count = static_cast<int>(local.size());
+  std::vector<int> counts(size), displs(size);
+  MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
+  std::vector<float> all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) {
+      displs[r] = total;
+      total += counts[r];
+    }
+    all.resize(total);
+  }
+  MPI_Gatherv(local.data(), count, MPI_FLOAT, all.data(), counts.data(), displs.data(), MPI_FLOAT, 0,
+              comm);
+  return all;
+}
+
+}  // namespace cosmoflow

@@ -1,0 +1,43 @@
+// Small MPI helpers for the trainer: the only place outside trainer/*.cc that sees MPI types.
+//
+// Collective contract: every function here is collective over `comm` and must be called by all
+// ranks in the same order (from the one thread that drives MPI, see STYLE.md).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/status.h"
+
+namespace cosmoflow {
+
+struct MpiWorld {
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;   // rank among the processes of this node (MPI_COMM_TYPE_SHARED)
+  int local_size = 1;
+};
+MpiWorld DescribeWorld(MPI_Comm comm);
+
+// Every rank passes its local status; all ranks return the same one: OK if every rank was OK,
+// otherwise the error of the lowest failing rank (its message is broadcast, prefixed with
+// "rank N: " when N != 0). This is how setup errors on any rank stop every rank without a hang.
+Status AgreeOnStatus(const Status& local, MPI_Comm comm);
+
+// True on every rank iff `flag` is true on at least one rank.
+bool AnyRankTrue(bool flag, MPI_Comm comm);
+
+// Sums `values` element-wise over the ranks, in place (blocking).
+void AllreduceSum(std::vector<double>& values, MPI_Comm comm);
+
+// True iff `checksum` is identical on every rank (weights stay in sync: the debug-mode check).
+bool SameOnAllRanks(uint32_t checksum, MPI_Comm comm);
+
+// Gathers variable-length float arrays on rank 0 in rank order (others get an empty vector).
+std::vector<float> GatherToRoot(const std::vector<float>& local, MPI_Comm comm);
+
+}  // namespace cosmoflow

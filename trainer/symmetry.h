@@ -1,0 +1,21 @@
+// The 48 symmetries of a cube (6 axis permutations x 8 reflections) used as data augmentation.
+//
+// A cosmological density field is statistically isotropic, so a rotated or reflected cube has the
+// same parameters; applying a random one of the 48 per sample multiplies the effective dataset size.
+// Symmetry 0 is the identity. Works on channel-first cubes (C x S x S x S); each channel is
+// transformed the same way. Thread-safe (pure functions).
+#pragma once
+
+#include <cstdint>
+
+namespace cosmoflow {
+
+inline constexpr int kNumCubeSymmetries = 48;
+
+// dst[c][z][y][x] = src[c][p(z,y,x)] where p permutes and reflects the three spatial axes as
+// selected by `symmetry` in [0, 48): symmetry / 8 picks the axis permutation, bits of symmetry % 8
+// the reflections. src and dst must not overlap.
+void ApplyCubeSymmetry(int symmetry, const int16_t* src, int16_t* dst, int channels, int side);
+void ApplyCubeSymmetry(int symmetry, const float* src, float* dst, int channels, int side);
+
+}  // namespace cosmoflow

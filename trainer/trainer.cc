@@ -1,0 +1,782 @@
+#include "trainer/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "core/base/crc32c.h"
+#include "core/base/log.h"
+#include "core/io/dataset.h"
+#include "core/nn/checkpoint.h"
+#include "core/nn/network.h"
+#include "core/nn/spec.h"
+#include "trainer/batch_loader.h"
+#include "trainer/grad_allreducer.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/optimizer.h"
+#include "trainer/run_log.h"
+#include "trainer/sampler.h"
+#include "trainer/signals.h"
+
+#ifndef COSMOFLOW_GIT_REV
+#define COSMOFLOW_GIT_REV "unknown"
+#endif
+
+namespace cosmoflow {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string FormatDuration(double s) {
+  if (!(s >= 0) || s > 1e8) return "?";
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof(buf), "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof(buf), "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof(buf), "%lds", t);
+  return buf;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+StatusOr<ModelSpec> LoadSpec(const std::string& spec) {
+  std::error_code ec;
+  if (fs::is_regular_file(spec, ec)) {
+    std::ifstream in(spec);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto parsed = ModelSpec::FromJson(ss.str());
+    if (!parsed.ok()) return parsed.status().WithContext("--spec=" + spec);
+    Status v = parsed->Validate();
+    if (!v.ok()) return v.WithContext("--spec=" + spec);
+    return parsed;
+  }
+  auto builtin = BuiltinSpec(spec);
+  if (!builtin.ok()) {
+    return InvalidArgumentError("--spec=" + spec + ": neither a spec file nor a built-in model (" +
+                                builtin.status().message() + ")");
+  }
+  return builtin;
+}
+
+Status CheckDatasetFits(const ModelSpec& spec, const Dataset& ds, const std::string& what) {
+  const CubeShape& s = ds.info().shape;
+  const CubeShape want{spec.input_channels, spec.input_side, spec.input_side, spec.input_side};
+  if (s != want) {
+    return InvalidArgumentError(what + ": cubes are " + s.ToString() + " but model '" + spec.name +
+                                "' takes " + want.ToString());
+  }
+  if (ds.size() < 1) return InvalidArgumentError(what + ": dataset is empty");
+  return Status::Ok();
+}
+
+// Opens a dataset on every rank; all ranks agree on the outcome.
+StatusOr<std::unique_ptr<Dataset>> OpenDatasetEverywhere(const std::string& path, const ModelSpec& spec,
+                                                         const std::string& what, const MpiWorld& world) {
+  auto ds = Dataset::Open(path);
+  Status local = ds.ok() ? CheckDatasetFits(spec, **ds, what + " " + path)
+                         : ds.status().WithContext(what + " " + path);
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world.comm));
+  return std::move(ds).value();
+}
+
+// Copies the dataset's shard files into `dir`/`tag` (local rank 0 of each node copies, the others
+// wait), so training reads node-local storage instead of the shared file system.
+StatusOr<std::string> StageToDirectory(const Dataset& ds, const std::string& dir, const std::string& tag,
+                                       const MpiWorld& world) {
+  const fs::path target = fs::path(dir) / ("cosmoflow-stage-" + tag);
+  Status local;
+  if (world.local_rank == 0) {
+    std::error_code ec;
+    fs::create_directories(target, ec);
+    if (ec) local = NotFoundError("--stage=" + dir + ": cannot create " + target.string() + ": " + ec.message());
+    for (int i = 0; local.ok() && i < ds.num_shards(); ++i) {
+      const fs::path src = ds.shard(i).path();
+      const fs::path dst = target / src.filename();
+      // Skip files already staged by an earlier run of the job (same size and not older).
+      if (fs::exists(dst, ec) && fs::file_size(dst, ec) == fs::file_size(src, ec) &&
+          fs::last_write_time(dst, ec) >= fs::last_write_time(src, ec)) {
+        continue;
+      }
+      const fs::path tmp = dst.string() + ".staging";
+      fs::copy_file(src, tmp, fs::copy_options::overwrite_existing, ec);
+      if (!ec) fs::rename(tmp, dst, ec);
+      if (ec) local = InternalError("--stage: copying " + src.string() + " to " + dst.string() + ": " + ec.message());
+    }
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world.comm));  // also the barrier: files are in place
+  return target.string();
+}
+
+uint32_t WeightsChecksum(const std::vector<Parameter>& params) {
+  uint32_t crc = 0;
+  for (const Parameter& p : params) crc = Crc32c(p.value, p.numel() * sizeof(float), crc);
+  return crc;
+}
+
+// Mean squared error over batch x P normalised labels; diff = dLoss/dOutput.
+double MseLoss(const float* pred, const float* target, int64_t n, float* diff) {
+  double sum = 0;
+  const float scale = 2.f / static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float e = pred[i] - target[i];
+    sum += static_cast<double>(e) * e;
+    diff[i] = scale * e;
+  }
+  return sum / static_cast<double>(n);
+}
+
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return false;
+    out << text;
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+struct ValResult {
+  double loss = 0, mae = 0;
+  std::vector<double> rel_err;
+  int64_t count = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainerOptions& o, const MpiWorld& w, std::string command_line)
+      : opt_(o), world_(w), command_line_(std::move(command_line)) {}
+  int Run();
+
+ private:
+  Status Setup();
+  Status Resume();
+  Status SaveCheckpoint();
+  StatusOr<ValResult> Validate();
+  void LogProgress(double window_loss);
+  void WriteSummary(const std::string& outcome);
+  int Fail(const Status& s);
+  bool root() const { return world_.rank == 0; }
+
+  TrainerOptions opt_;
+  MpiWorld world_;
+  std::string command_line_;
+  ModelSpec spec_;
+  Precision precision_ = Precision::kFp32;
+  std::unique_ptr<Dataset> train_set_, val_set_;
+  std::unique_ptr<SampleSource> train_source_, val_source_;
+  std::vector<int64_t> val_indices_;  // this rank's validation samples
+  LabelMap train_labels_, val_labels_;
+  std::unique_ptr<EpochSampler> sampler_;
+  std::unique_ptr<Network> net_, val_net_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<GradientAllreducer> reducer_;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::unique_ptr<RunLog> log_;
+  std::string ckpt_dir_;
+  uint64_t seed_ = 1;
+  int64_t steps_per_epoch_ = 1, total_steps_ = 0;
+  int64_t step_ = 0, samples_seen_ = 0, start_step_ = 0;
+  int64_t last_saved_step_ = -1;
+  std::string resumed_from_;
+  double lr_ = 0;
+  // Timing of this process (rank 0's figures are the ones reported).
+  Clock::time_point run_start_;
+  std::vector<double> step_seconds_, data_wait_seconds_, comm_wait_seconds_, comm_span_seconds_;
+  double window_time_ = 0, window_wait_ = 0, window_comm_ = 0;
+  int64_t window_steps_ = 0;
+  ValResult last_val_;
+  bool have_val_ = false;
+};
+
+int Trainer::Fail(const Status& s) {
+  if (root()) std::fprintf(stderr, "cosmoflow-train: error: %s\n", s.ToString().c_str());
+  return kExitError;
+}
+
+Status Trainer::Setup() {
+  // Everything here may fail on bad input; each stage ends with an agreement so no rank hangs.
+  Status local;
+  auto spec = LoadSpec(opt_.spec);
+  auto precision = ParsePrecision(opt_.precision);
+  local = !spec.ok() ? spec.status() : precision.status();
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  spec_ = *spec;
+  precision_ = *precision;
+  seed_ = opt_.seed;
+
+  if (root()) {
+    std::error_code ec;
+    fs::create_directories(fs::path(opt_.out_dir) / "checkpoints", ec);
+    local = ec ? NotFoundError("--out=" + opt_.out_dir + ": cannot create the run directory: " + ec.message())
+               : Status::Ok();
+    if (local.ok()) {
+      std::vector<std::string> names;
+      for (const auto& o : spec_.outputs) names.push_back(o.name);
+      auto log = RunLog::Open((fs::path(opt_.out_dir) / "train_log.csv").string(), names);
+      if (log.ok()) log_ = std::make_unique<RunLog>(std::move(log).value());
+      else local = log.status();
+    }
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  ckpt_dir_ = (fs::path(opt_.out_dir) / "checkpoints").string();
+
+  CF_ASSIGN_OR_RETURN(train_set_, OpenDatasetEverywhere(opt_.train_path, spec_, "--train", world_));
+  if (!opt_.val_path.empty()) {
+    CF_ASSIGN_OR_RETURN(val_set_, OpenDatasetEverywhere(opt_.val_path, spec_, "--val", world_));
+  }
+  {
+    auto labels = MakeLabelMap(spec_, train_set_->info(), "--train " + opt_.train_path);
+    local = labels.status();
+    if (labels.ok()) train_labels_ = *labels;
+    if (local.ok() && val_set_) {
+      auto vl = MakeLabelMap(spec_, val_set_->info(), "--val " + opt_.val_path);
+      local = vl.status();
+      if (vl.ok()) val_labels_ = *vl;
+    }
+    CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  }
+
+  auto sampler = EpochSampler::Create(train_set_->size(), world_.size, world_.rank, opt_.batch, seed_,
+                                      opt_.shuffle);
+  CF_RETURN_IF_ERROR(AgreeOnStatus(sampler.status().WithContext("--train " + opt_.train_path), world_.comm));
+  sampler_ = std::make_unique<EpochSampler>(*sampler);
+  steps_per_epoch_ = sampler_->steps_per_epoch();
+  total_steps_ = steps_per_epoch_ * opt_.epochs;
+  if (opt_.max_steps > 0) total_steps_ = std::min(total_steps_, opt_.max_steps);
+  if (val_set_) {
+    for (int64_t i = world_.rank; i < val_set_->size(); i += world_.size) val_indices_.push_back(i);
+  }
+
+  // Staging: node-local directory or memory.
+  if (opt_.stage != "none" && opt_.stage != "memory") {
+    CF_ASSIGN_OR_RETURN(std::string staged, StageToDirectory(*train_set_, opt_.stage, "train", world_));
+    CF_ASSIGN_OR_RETURN(train_set_, OpenDatasetEverywhere(staged, spec_, "--train (staged)", world_));
+    if (val_set_) {
+      CF_ASSIGN_OR_RETURN(std::string sv, StageToDirectory(*val_set_, opt_.stage, "val", world_));
+      CF_ASSIGN_OR_RETURN(val_set_, OpenDatasetEverywhere(sv, spec_, "--val (staged)", world_));
+    }
+  }
+  if (opt_.stage == "memory") {
+    auto t0 = Clock::now();
+    auto src = StageInMemory(*train_set_, sampler_->SamplesOfThisRank());
+    local = src.status().WithContext("--stage=memory --train " + opt_.train_path);
+    if (src.ok()) train_source_ = std::move(src).value();
+    if (local.ok() && val_set_) {
+      auto vs = StageInMemory(*val_set_, val_indices_);
+      local = vs.status().WithContext("--stage=memory --val " + opt_.val_path);
+      if (vs.ok()) val_source_ = std::move(vs).value();
+    }
+    CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+    if (root()) {
+      CF_LOG(INFO) << "staged the dataset into memory in " << Seconds(t0, Clock::now()) << " s";
+    }
+  } else {
+    train_source_ = MakeDatasetSource(train_set_.get());
+    if (val_set_) val_source_ = MakeDatasetSource(val_set_.get());
+  }
+
+  // Network, optimizer, communication. Dropout masks differ per rank (each rank sees other samples).
+  NetworkOptions no;
+  no.batch = opt_.batch;
+  no.precision = precision_;
+  no.training = true;
+  no.seed = MixSeed(seed_, static_cast<uint64_t>(world_.rank), 0xd70f);
+  auto net = Network::Create(spec_, no);
+  local = net.status().WithContext("building network '" + spec_.name + "'");
+  if (net.ok()) net_ = std::move(net).value();
+  if (local.ok() && val_set_) {
+    NetworkOptions vo = no;
+    vo.training = false;
+    auto vnet = Network::Create(spec_, vo);
+    local = vnet.status().WithContext("building validation network");
+    if (vnet.ok()) val_net_ = std::move(vnet).value();
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  net_->InitParameters(seed_);
+  net_->ParametersUpdated();
+
+  OptimizerConfig oc;
+  oc.name = opt_.optimizer;
+  oc.momentum = opt_.momentum;
+  oc.weight_decay = opt_.weight_decay;
+  auto optimizer = Optimizer::Create(oc, net_->parameters());
+  CF_RETURN_IF_ERROR(AgreeOnStatus(optimizer.status(), world_.comm));
+  optimizer_ = std::move(optimizer).value();
+
+  auto schedule = LrSchedule::Create(opt_.lr, sampler_->global_batch(), steps_per_epoch_, total_steps_);
+  CF_RETURN_IF_ERROR(AgreeOnStatus(schedule.status(), world_.comm));
+  schedule_ = std::make_unique<LrSchedule>(*schedule);
+
+  reducer_ = std::make_unique<GradientAllreducer>(&net_->parameters(), world_.comm,
+                                                  static_cast<int64_t>(opt_.bucket_mb * (1 << 20)));
+  return Resume();
+}
+
+Status Trainer::Resume() {
+  // Rank 0 chooses the checkpoint (verifying checksums, skipping corrupt ones); every rank reads it.
+  std::string path;
+  Status local;
+  if (root() && opt_.resume != "never") {
+    if (opt_.resume == "auto") {
+      auto found = FindLatestCheckpoint(ckpt_dir_);
+      if (found.ok()) path = *found;
+      else if (found.status().code() != StatusCode::kNotFound) local = found.status();
+    } else {
+      path = opt_.resume;
+    }
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  int length = static_cast<int>(path.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, world_.comm);
+  path.resize(length);
+  MPI_Bcast(path.data(), length, MPI_CHAR, 0, world_.comm);
+  if (path.empty()) {
+    // Fresh start: identical initial weights on every rank (same seed), checked once.
+    if (!SameOnAllRanks(WeightsChecksum(net_->parameters()), world_.comm)) {
+      return InternalError("initial weights differ between ranks");
+    }
+    return Status::Ok();
+  }
+
+  auto ckpt = ReadCheckpoint(path);
+  local = ckpt.status().WithContext("--resume: " + path);
+  if (local.ok()) {
+    const Checkpoint& c = *ckpt;
+    const auto gb = c.provenance.find("global_batch");
+    if (c.spec.ToJson() != spec_.ToJson()) {
+      local = FailedPreconditionError("checkpoint " + path + " is for model '" + c.spec.name +
+                                      "' (a different spec) but this run trains '" + spec_.name +
+                                      "'; use another --out or --resume=never");
+    } else if (gb != c.provenance.end() && gb->second != std::to_string(sampler_->global_batch())) {
+      local = FailedPreconditionError("checkpoint " + path + " was written with global batch " + gb->second +
+                                      " but this run has " + std::to_string(sampler_->global_batch()) +
+                                      " (ranks x --batch); exact resume needs the same");
+    } else if (c.state.optimizer != optimizer_->name()) {
+      local = FailedPreconditionError("checkpoint " + path + " holds '" + c.state.optimizer +
+                                      "' optimizer state but this run uses '" + optimizer_->name() + "'");
+    } else {
+      local = net_->LoadParameters(c.weights).WithContext("checkpoint " + path);
+      if (local.ok()) local = optimizer_->LoadState(c.optimizer_state).WithContext("checkpoint " + path);
+    }
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  net_->ParametersUpdated();
+  step_ = start_step_ = ckpt->state.step;
+  samples_seen_ = ckpt->state.samples_seen;
+  last_saved_step_ = step_;
+  resumed_from_ = path;
+  if (ckpt->state.rng_seed != seed_) {
+    // The run's seed fixes shuffling, augmentation and dropout; keep the checkpoint's so the
+    // resumed run continues the same sequence.
+    if (root()) {
+      CF_LOG(WARNING) << "--seed=" << seed_ << " ignored: resuming run seeded " << ckpt->state.rng_seed;
+    }
+    seed_ = ckpt->state.rng_seed;
+    auto sampler = EpochSampler::Create(train_set_->size(), world_.size, world_.rank, opt_.batch, seed_,
+                                        opt_.shuffle);
+    sampler_ = std::make_unique<EpochSampler>(*sampler);
+  }
+  if (root()) {
+    CF_LOG(INFO) << "resumed from " << path << " at step " << step_ << " (epoch " << step_ / steps_per_epoch_ << ")";
+  }
+  return Status::Ok();
+}
+
+Status Trainer::SaveCheckpoint() {
+  if (last_saved_step_ == step_) return Status::Ok();
+  Status local;
+  if (root()) {
+    Checkpoint c;
+    c.spec = spec_;
+    c.weights = net_->ExportParameters();
+    c.optimizer_state = optimizer_->ExportState();
+    c.state.step = step_;
+    c.state.epoch = step_ / steps_per_epoch_;
+    c.state.samples_seen = samples_seen_;
+    c.state.rng_seed = seed_;
+    c.state.optimizer = optimizer_->name();
+    c.provenance = {{"dataset", opt_.train_path},
+                    {"ranks", std::to_string(world_.size)},
+                    {"global_batch", std::to_string(sampler_->global_batch())},
+                    {"recipe", LrRecipeName(opt_.lr.recipe)},
+                    {"precision", PrecisionName(precision_)},
+                    {"git_revision", COSMOFLOW_GIT_REV},
+                    {"command", command_line_}};
+    const auto t0 = Clock::now();
+    auto saved = SaveCheckpointToDir(ckpt_dir_, c, opt_.keep_checkpoints);
+    local = saved.status().WithContext("writing a checkpoint to " + ckpt_dir_);
+    if (saved.ok()) {
+      CF_LOG(INFO) << "checkpoint " << *saved << " (" << Seconds(t0, Clock::now()) << " s)";
+    }
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  last_saved_step_ = step_;
+  return Status::Ok();
+}
+
+StatusOr<ValResult> Trainer::Validate() {
+  ValResult r;
+  const size_t outputs = spec_.outputs.size();
+  r.rel_err.assign(outputs, 0);
+  // sums: loss, abs err, count, rel err per output
+  std::vector<double> sums(3 + outputs, 0.0);
+  std::vector<float> rows;  // index, true..., pred... (physical units)
+  Status local = val_net_->LoadParameters(net_->ExportParameters());
+  if (local.ok()) {
+    val_net_->ParametersUpdated();
+    const int b = opt_.batch;
+    const int64_t n = static_cast<int64_t>(val_indices_.size());
+    BatchPlan plan;
+    plan.num_batches = (n + b - 1) / b;
+    const std::vector<int64_t>& idx = val_indices_;
+    plan.indices = [&idx, b, n](int64_t k) {
+      std::vector<int64_t> out(b);
+      for (int i = 0; i < b; ++i) out[i] = idx[std::min(n - 1, k * b + i)];
+      return out;
+    };
+    plan.valid = [b, n](int64_t k) { return static_cast<int>(std::min<int64_t>(b, n - k * b)); };
+    LoaderConfig lc;
+    lc.batch = b;
+    lc.queue_depth = opt_.prefetch;
+    lc.transform = spec_.input_transform;
+    lc.labels = val_labels_;
+    BatchLoader loader(val_source_.get(), plan, lc);
+    std::vector<float> pred(static_cast<size_t>(b) * outputs);
+    while (const Batch* batch = loader.Next(nullptr)) {
+      if (!batch->status.ok()) {
+        local = batch->status.WithContext("--val " + opt_.val_path);
+        loader.Release(batch);
+        break;
+      }
+      val_net_->Forward(batch->src.data(), pred.data());
+      for (int i = 0; i < batch->valid; ++i) {
+        rows.push_back(static_cast<float>(batch->indices[i]));
+        for (size_t o = 0; o < outputs; ++o) rows.push_back(batch->physical[i * outputs + o]);
+        for (size_t o = 0; o < outputs; ++o) {
+          const double y = pred[i * outputs + o], t = batch->labels[i * outputs + o];
+          const double phys_pred = spec_.outputs[o].offset + spec_.outputs[o].scale * y;
+          const double phys_true = batch->physical[i * outputs + o];
+          rows.push_back(static_cast<float>(phys_pred));
+          sums[0] += (y - t) * (y - t);
+          sums[1] += std::fabs(y - t);
+          sums[3 + o] += std::fabs(phys_pred - phys_true) / std::max(1e-12, std::fabs(phys_true));
+        }
+        sums[2] += 1;
+      }
+      loader.Release(batch);
+    }
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  AllreduceSum(sums, world_.comm);
+  std::vector<float> all = GatherToRoot(rows, world_.comm);
+  r.count = static_cast<int64_t>(sums[2]);
+  if (r.count > 0) {
+    r.loss = sums[0] / (r.count * outputs);
+    r.mae = sums[1] / (r.count * outputs);
+    for (size_t o = 0; o < outputs; ++o) r.rel_err[o] = sums[3 + o] / r.count;
+  }
+  if (root()) {
+    // val_predictions.csv: one row per validation sample, physical units, sorted by index.
+    const size_t width = 1 + 2 * outputs;
+    std::vector<size_t> order(all.size() / width);
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return all[a * width] < all[b * width]; });
+    std::ostringstream csv;
+    csv << "index";
+    for (const auto& o : spec_.outputs) csv << ",true_" << o.name;
+    for (const auto& o : spec_.outputs) csv << ",pred_" << o.name;
+    csv << "\n";
+    for (size_t i : order) {
+      const float* row = &all[i * width];
+      csv << static_cast<int64_t>(row[0]);
+      for (size_t k = 1; k < width; ++k) csv << "," << row[k];
+      csv << "\n";
+    }
+    const std::string path = (fs::path(opt_.out_dir) / "val_predictions.csv").string();
+    if (!WriteFileAtomically(path, csv.str())) {
+      CF_LOG(WARNING) << path << ": cannot write";
+    }
+  }
+  return r;
+}
+
+void Trainer::LogProgress(double window_loss) {
+  if (!root() || window_steps_ == 0) return;
+  const double step_time = window_time_ / window_steps_;
+  const double sps = sampler_->global_batch() / std::max(step_time, 1e-12);
+  const double wait_frac = window_wait_ / std::max(window_time_, 1e-12);
+  const double comm_frac = window_comm_ / std::max(window_time_, 1e-12);
+  const double eta = step_time * (total_steps_ - step_);
+  const int64_t epoch = (step_ - 1) / steps_per_epoch_;
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "epoch %lld/%d step %lld/%lld loss %.5f lr %.3g samples/s %.2f data-wait %.1f%% comm %.1f%% ETA %s",
+                static_cast<long long>(epoch + 1), opt_.epochs, static_cast<long long>(step_),
+                static_cast<long long>(total_steps_), window_loss, lr_, sps, 100 * wait_frac, 100 * comm_frac,
+                FormatDuration(eta).c_str());
+  CF_LOG(INFO) << line;
+  LogRow row;
+  row.kind = "train";
+  row.epoch = epoch;
+  row.step = step_;
+  row.samples_seen = samples_seen_;
+  row.lr = lr_;
+  row.loss = window_loss;
+  row.samples_per_s = sps;
+  row.data_wait_frac = wait_frac;
+  row.comm_frac = comm_frac;
+  row.elapsed_s = Seconds(run_start_, Clock::now());
+  if (log_) log_->Write(row);
+}
+
+void Trainer::WriteSummary(const std::string& outcome) {
+  if (!root()) return;
+  // The first steps include oneDNN's JIT and page faults; leave them out of the medians.
+  auto tail = [](const std::vector<double>& v) {
+    const size_t skip = v.size() > 4 ? 2 : 0;
+    return std::vector<double>(v.begin() + skip, v.end());
+  };
+  auto sum = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return s;
+  };
+  const auto steps = tail(step_seconds_), waits = tail(data_wait_seconds_), comms = tail(comm_wait_seconds_),
+             spans = tail(comm_span_seconds_);
+  const double total = sum(steps);
+  nlohmann::json j;
+  j["outcome"] = outcome;
+  j["spec"] = spec_.name;
+  j["precision"] = PrecisionName(precision_);
+  j["ranks"] = world_.size;
+  j["batch_per_rank"] = opt_.batch;
+  j["global_batch"] = sampler_ ? sampler_->global_batch() : 0;
+  j["recipe"] = LrRecipeName(opt_.lr.recipe);
+  j["optimizer"] = opt_.optimizer;
+  j["seed"] = seed_;
+  j["steps_per_epoch"] = steps_per_epoch_;
+  j["total_steps"] = total_steps_;
+  j["start_step"] = start_step_;
+  j["final_step"] = step_;
+  j["samples_seen"] = samples_seen_;
+  j["resumed_from"] = resumed_from_;
+  j["parameters"] = spec_.NumParameters();
+  j["gradient_bytes"] = reducer_ ? reducer_->total_bytes() : 0;
+  j["gradient_buckets"] = reducer_ ? reducer_->num_buckets() : 0;
+  j["timed_steps"] = steps.size();
+  j["median_step_s"] = Median(steps);
+  j["samples_per_s"] = steps.empty() ? 0.0 : (sampler_->global_batch() / Median(steps));
+  j["data_wait_frac"] = total > 0 ? sum(waits) / total : 0.0;
+  j["comm_wait_frac"] = total > 0 ? sum(comms) / total : 0.0;
+  j["median_comm_wait_s"] = Median(comms);
+  j["median_comm_span_s"] = Median(spans);
+  j["elapsed_s"] = Seconds(run_start_, Clock::now());
+  j["git_revision"] = COSMOFLOW_GIT_REV;
+  if (have_val_) {
+    j["val_loss"] = last_val_.loss;
+    j["val_mae"] = last_val_.mae;
+    nlohmann::json rel;
+    for (size_t o = 0; o < spec_.outputs.size(); ++o) rel[spec_.outputs[o].name] = last_val_.rel_err[o];
+    j["val_rel_err"] = rel;
+  }
+  const std::string path = (fs::path(opt_.out_dir) / "run.json").string();
+  if (!WriteFileAtomically(path, j.dump(2) + "\n")) {
+    CF_LOG(WARNING) << path << ": cannot write";
+  }
+}
+
+int Trainer::Run() {
+  run_start_ = Clock::now();
+  InstallStopSignalHandlers();
+  Status setup = Setup();
+  if (!setup.ok()) return Fail(setup);
+
+  if (root()) {
+    CF_LOG(INFO) << "model " << spec_.name << " (" << spec_.NumParameters() << " parameters, "
+                 << PrecisionName(precision_) << "), " << world_.size << " ranks x batch " << opt_.batch
+                 << " = global batch " << sampler_->global_batch() << ", " << steps_per_epoch_
+                 << " steps/epoch, " << total_steps_ << " steps, recipe " << LrRecipeName(opt_.lr.recipe)
+                 << " (" << optimizer_->name() << ", peak lr " << schedule_->peak_lr() << "), "
+                 << reducer_->num_buckets() << " gradient buckets of " << reducer_->total_bytes() / 1e6
+                 << " MB total";
+  }
+
+  const int64_t spe = steps_per_epoch_, first = step_;
+  BatchPlan plan;
+  plan.num_batches = std::max<int64_t>(0, total_steps_ - first);
+  EpochSampler sampler = *sampler_;
+  plan.indices = [sampler, spe, first](int64_t k) mutable {
+    const int64_t step = first + k;
+    return sampler.LocalBatch(step / spe, step % spe);
+  };
+  plan.epoch = [spe, first](int64_t k) { return (first + k) / spe; };
+  LoaderConfig lc;
+  lc.batch = opt_.batch;
+  lc.queue_depth = opt_.prefetch;
+  lc.augment = opt_.augment;
+  lc.seed = seed_;
+  lc.transform = spec_.input_transform;
+  lc.labels = train_labels_;
+  BatchLoader loader(train_source_.get(), plan, lc);
+
+  const size_t outputs = spec_.outputs.size();
+  std::vector<float> pred(opt_.batch * outputs), diff(opt_.batch * outputs);
+  std::vector<Parameter>& params = net_->parameters();
+  GradientAllreducer* reducer = reducer_.get();
+  const std::function<void(int)> on_grad_ready = [reducer](int i) { reducer->OnGradReady(i); };
+  const int64_t check_every =
+      opt_.check_weights_every > 0 ? opt_.check_weights_every : (opt_.deterministic ? 100 : 0);
+  double window_loss = 0;
+
+  while (step_ < total_steps_) {
+    const auto t0 = Clock::now();
+    double wait = 0;
+    const Batch* batch = loader.Next(&wait);
+    Status local = batch ? batch->status : InternalError("input pipeline ended before step " + std::to_string(step_));
+    if (step_ == opt_.debug_die_at_step && world_.rank == opt_.debug_die_rank) {
+      std::fprintf(stderr, "cosmoflow-train: rank %d: --debug-die-at-step=%lld: dying now\n", world_.rank,
+                   static_cast<long long>(step_));
+      std::fflush(stderr);
+      std::raise(SIGKILL);
+    }
+    // The step boundary: one tiny allreduce tells every rank whether any rank was signalled or
+    // failed to read its batch, so all of them take the same branch.
+    int flags[2] = {StopRequested() ? 1 : 0, local.ok() ? 0 : 1};
+    int any[2] = {0, 0};
+    const auto tc = Clock::now();
+    MPI_Allreduce(flags, any, 2, MPI_INT, MPI_MAX, world_.comm);
+    double comm = Seconds(tc, Clock::now());
+    if (any[1]) {
+      Status s = AgreeOnStatus(local, world_.comm);
+      WriteSummary("error");
+      return Fail(s);
+    }
+    if (any[0]) {
+      loader.Release(batch);
+      CF_LOG(WARNING) << "stop requested" << (StopRequested() ? " (signal " + std::to_string(StopSignal()) + " here)" : "")
+                      << ": checkpointing at step " << step_ << " and exiting with " << kRequeueExitCode
+                      << " for requeue";
+      Status s = SaveCheckpoint();
+      WriteSummary(s.ok() ? "stopped" : "error");
+      if (!s.ok()) return Fail(s);
+      return kRequeueExitCode;
+    }
+
+    lr_ = schedule_->At(step_);
+    net_->Forward(batch->src.data(), pred.data());
+    window_loss += MseLoss(pred.data(), batch->labels.data(), static_cast<int64_t>(pred.size()), diff.data());
+    loader.Release(batch);
+    reducer_->BeginStep();
+    net_->Backward(diff.data(), on_grad_ready);
+    reducer_->FinishStep();
+    comm += reducer_->last_wait_seconds();
+    optimizer_->Step(params, lr_);
+    net_->ParametersUpdated();
+    ++step_;
+    samples_seen_ += sampler_->global_batch();
+    if (opt_.debug_step_sleep > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(opt_.debug_step_sleep));
+    }
+
+    const double step_time = Seconds(t0, Clock::now());
+    step_seconds_.push_back(step_time);
+    data_wait_seconds_.push_back(wait);
+    comm_wait_seconds_.push_back(comm);
+    comm_span_seconds_.push_back(reducer_->last_comm_span_seconds());
+    window_time_ += step_time;
+    window_wait_ += wait;
+    window_comm_ += comm;
+    ++window_steps_;
+
+    const bool epoch_end = step_ % spe == 0;
+    if (step_ % opt_.log_every == 0 || epoch_end || step_ == total_steps_) {
+      std::vector<double> l = {window_loss, static_cast<double>(window_steps_)};
+      AllreduceSum(l, world_.comm);
+      LogProgress(l[0] / std::max(1.0, l[1]));
+      window_loss = window_time_ = window_wait_ = window_comm_ = 0;
+      window_steps_ = 0;
+    }
+    if (check_every > 0 && step_ % check_every == 0) {
+      if (!SameOnAllRanks(WeightsChecksum(params), world_.comm)) {
+        WriteSummary("error");
+        return Fail(InternalError("weights differ between ranks after step " + std::to_string(step_)));
+      }
+    }
+    if (val_set_ && (epoch_end || step_ == total_steps_)) {
+      auto val = Validate();
+      if (!val.ok()) {
+        WriteSummary("error");
+        return Fail(val.status());
+      }
+      last_val_ = *val;
+      have_val_ = true;
+      if (root()) {
+        std::ostringstream os;
+        os << "validation epoch " << (step_ - 1) / spe + 1 << ": loss " << val->loss << " MAE " << val->mae
+           << " (normalised), mean relative error";
+        for (size_t o = 0; o < outputs; ++o) os << " " << spec_.outputs[o].name << " " << 100 * val->rel_err[o] << "%";
+        os << " over " << val->count << " cubes";
+        CF_LOG(INFO) << os.str();
+        LogRow row;
+        row.kind = "val";
+        row.epoch = (step_ - 1) / spe;
+        row.step = step_;
+        row.samples_seen = samples_seen_;
+        row.lr = lr_;
+        row.loss = val->loss;
+        row.mae = val->mae;
+        row.rel_err = val->rel_err;
+        row.elapsed_s = Seconds(run_start_, Clock::now());
+        if (log_) log_->Write(row);
+      }
+    }
+    const bool periodic = opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0;
+    if (periodic || epoch_end || step_ == total_steps_) {
+      Status s = SaveCheckpoint();
+      if (!s.ok()) {
+        WriteSummary("error");
+        return Fail(s);
+      }
+    }
+  }
+  // A run resumed at its final step writes its checkpoint here (no-op otherwise).
+  Status s = SaveCheckpoint();
+  if (!s.ok()) return Fail(s);
+  WriteSummary("finished");
+  if (root()) {
+    CF_LOG(INFO) << "training finished at step " << step_ << " in " << FormatDuration(Seconds(run_start_, Clock::now()));
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunTraining(const TrainerOptions& options, const MpiWorld& world, const std::string& command_line) {
+  Trainer trainer(options, world, command_line);
+  return trainer.Run();
+}
+
+}  // namespace cosmoflow
