@@ -1,0 +1,494 @@
+#include "synth/universe.h"
+
+#include <fftw3.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "synth/random.h"
+
+namespace cosmoflow {
+namespace synth {
+namespace {
+
+// FFTW's planner is not thread-safe, and fftwf_init_threads must run once before any plan.
+std::mutex& PlannerMutex() {
+  static std::mutex m;
+  return m;
+}
+
+void InitFftwThreadsOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { fftwf_init_threads(); });
+}
+
+struct FftwFree {
+  void operator()(void* p) const { fftwf_free(p); }
+};
+using FloatBuffer = std::unique_ptr<float, FftwFree>;
+using ComplexBuffer = std::unique_ptr<fftwf_complex, FftwFree>;
+
+struct PlanDeleter {
+  void operator()(fftwf_plan_s* p) const {
+    std::lock_guard<std::mutex> lock(PlannerMutex());
+    fftwf_destroy_plan(p);
+  }
+};
+using Plan = std::unique_ptr<fftwf_plan_s, PlanDeleter>;
+
+FloatBuffer AllocFloat(size_t n) { return FloatBuffer(fftwf_alloc_real(n)); }
+ComplexBuffer AllocComplex(size_t n) { return ComplexBuffer(fftwf_alloc_complex(n)); }
+
+// Signed frequency index of position i on an n-point axis.
+inline int Freq(int i, int n) { return i <= n / 2 ? i : i - n; }
+
+std::string Num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+}  // namespace
+
+const char* DisplacementName(Displacement d) { return d == Displacement::k2Lpt ? "2lpt" : "za"; }
+const char* MassAssignmentName(MassAssignment m) { return m == MassAssignment::kCic ? "cic" : "ngp"; }
+
+StatusOr<Displacement> ParseDisplacement(const std::string& name) {
+  if (name == "za" || name == "zeldovich") return Displacement::kZeldovich;
+  if (name == "2lpt") return Displacement::k2Lpt;
+  return InvalidArgumentError("displacement '" + name + "' is not one of za, 2lpt");
+}
+
+StatusOr<MassAssignment> ParseMassAssignment(const std::string& name) {
+  if (name == "ngp") return MassAssignment::kNgp;
+  if (name == "cic") return MassAssignment::kCic;
+  return InvalidArgumentError("mass assignment '" + name + "' is not one of ngp, cic");
+}
+
+Status UniverseOptions::Validate() const {
+  if (side < 4 || side > 1024) return InvalidArgumentError("side = " + Num(side) + ": must be in 4..1024");
+  const int np = particle_grid();
+  if (np < 4 || np % 2 != 0) {
+    return InvalidArgumentError("particles per side = " + Num(np) + ": must be even and >= 4");
+  }
+  if (static_cast<double>(np) * np * np > 2147483647.0) {
+    return InvalidArgumentError("particles per side = " + Num(np) + ": more than 2^31 particles");
+  }
+  if (!(voxel_size > 0 && voxel_size < 1e4)) {
+    return InvalidArgumentError("voxel size = " + Num(voxel_size) + " Mpc/h: must be in (0, 1e4)");
+  }
+  if (redshifts.empty()) return InvalidArgumentError("redshifts: need at least one");
+  if (redshifts.size() > 64) return InvalidArgumentError("redshifts: at most 64 channels");
+  for (double z : redshifts) {
+    if (!(z >= 0 && z < 1000)) return InvalidArgumentError("redshift " + Num(z) + ": must be in [0, 1000)");
+  }
+  if (threads < 0) return InvalidArgumentError("threads = " + Num(threads) + ": must be >= 0");
+  return Status::Ok();
+}
+
+struct UniverseGenerator::Impl {
+  int n = 0;             // particle grid side
+  int nc = 0;            // n / 2 + 1
+  size_t real_size = 0;  // n^3
+  size_t complex_size = 0;
+  int threads = 1;
+  FloatBuffer real;                 // white noise, then the 2LPT source
+  ComplexBuffer delta_k;            // coloured z = 0 linear field (scaled by 1/n^3), kept intact
+  ComplexBuffer field_k;            // the (smoothed) field that moves particles; then the 2LPT S_k
+  ComplexBuffer scratch_k;          // c2r destroys its input: every transform starts from a copy
+  FloatBuffer psi1[3], psi2[3];     // displacements in Mpc/h
+  Plan r2c, c2r;
+  std::vector<double> amplitude;    // sqrt(P(k)/dV)/n^3 indexed by integer |k/k_f|^2
+  std::vector<float> grids;         // one accumulation grid per thread for mass assignment
+
+  // Visits every stored mode (i, j, k) of the r2c half-space with signed frequencies and its
+  // flat index, in parallel.
+  template <typename Visit>
+  void ForEachMode(Visit visit) {
+    const int nn = n, ncc = nc;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int i = 0; i < nn; ++i) {
+      const int fi = Freq(i, nn);
+      for (int j = 0; j < nn; ++j) {
+        const int fj = Freq(j, nn);
+        for (int k = 0; k < ncc; ++k) visit(fi, fj, k, (size_t(i) * nn + j) * ncc + k);
+      }
+    }
+  }
+
+  // dst = c2r(src * f(kx, ky, kz)), where f returns a real factor and `odd` says that the factor
+  // is multiplied by i (first derivatives). Frequencies are signed integers (units of k_f).
+  // Nyquist planes of an odd factor's axis are zeroed by the callers: i k at k = k_Nyquist has no
+  // Hermitian partner, so keeping it would leave an imaginary part that c2r silently drops.
+  template <typename Factor>
+  void Derived(const fftwf_complex* src, float* dst, bool odd, Factor f) {
+    fftwf_complex* out = scratch_k.get();
+    ForEachMode([&](int fi, int fj, int fk, size_t idx) {
+      const float re = src[idx][0], im = src[idx][1];
+      const float c = static_cast<float>(f(fi, fj, fk));
+      if (odd) {  // i c (re + i im) = -c im + i c re
+        out[idx][0] = -c * im;
+        out[idx][1] = c * re;
+      } else {
+        out[idx][0] = c * re;
+        out[idx][1] = c * im;
+      }
+    });
+    fftwf_execute_dft_c2r(c2r.get(), out, dst);
+  }
+
+  void Colour(const Cosmology& cosmology, double box, uint64_t seed, uint64_t index) {
+    const uint64_t key = StreamKey(seed, index, RandomStream::kWhiteNoise);
+    float* w = real.get();
+    const int64_t total = static_cast<int64_t>(real_size);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < total; ++p) w[p] = static_cast<float>(RandomNormal(key, p));
+    fftwf_execute_dft_r2c(r2c.get(), w, delta_k.get());
+
+    // |k|^2 / k_f^2 is an integer m <= 3 (n/2)^2: tabulating by m evaluates P(k) a few thousand
+    // times instead of once per mode.
+    const double kf = 2 * M_PI / box;
+    const double dv = std::pow(box / n, 3);
+    const double inv_n3 = 1.0 / static_cast<double>(real_size);
+    const int m_max = 3 * (n / 2) * (n / 2);
+    amplitude.assign(m_max + 1, 0.0);
+    for (int m = 1; m <= m_max; ++m) {
+      amplitude[m] = std::sqrt(cosmology.LinearPower(kf * std::sqrt(double(m))) / dv) * inv_n3;
+    }
+    fftwf_complex* d = delta_k.get();
+    ForEachMode([&](int fi, int fj, int fk, size_t idx) {
+      const float a = static_cast<float>(amplitude[fi * fi + fj * fj + fk * fk]);
+      d[idx][0] *= a;
+      d[idx][1] *= a;
+    });
+  }
+
+  // field_k = delta_k * exp(-k^2 R^2 / 2) (a plain copy for R = 0).
+  void Smooth(double box, double radius) {
+    const double kf = 2 * M_PI / box;
+    const int m_max = 3 * (n / 2) * (n / 2);
+    std::vector<float> filter(m_max + 1);
+    for (int m = 0; m <= m_max; ++m) {
+      filter[m] = static_cast<float>(std::exp(-0.5 * m * kf * kf * radius * radius));
+    }
+    const fftwf_complex* src = delta_k.get();
+    fftwf_complex* dst = field_k.get();
+    ForEachMode([&](int fi, int fj, int fk, size_t idx) {
+      const float f = filter[fi * fi + fj * fj + fk * fk];
+      dst[idx][0] = src[idx][0] * f;
+      dst[idx][1] = src[idx][1] * f;
+    });
+  }
+
+  // Psi1 (and Psi2) from field_k; field_k is consumed by 2LPT.
+  void Displacements(double box, bool second_order) {
+    const double kf = 2 * M_PI / box;
+    const int half = n / 2;
+    const fftwf_complex* src = field_k.get();
+    auto kvec = [](int fi, int fj, int fk, int a) { return a == 0 ? fi : a == 1 ? fj : fk; };
+    // Psi1 = i k / k^2 delta (k in h/Mpc, so Psi in Mpc/h).
+    for (int a = 0; a < 3; ++a) {
+      Derived(src, psi1[a].get(), true, [&](int fi, int fj, int fk) {
+        const int ka = kvec(fi, fj, fk, a);
+        const int m = fi * fi + fj * fj + fk * fk;
+        if (m == 0 || std::abs(ka) == half) return 0.0;
+        return ka / (kf * m);
+      });
+    }
+    if (!second_order) return;
+    // phi_ab = k_a k_b / k^2 delta; S = sum_{a<b} phi_aa phi_bb - phi_ab^2. psi2[] hold the
+    // diagonal terms until S is complete.
+    for (int a = 0; a < 3; ++a) {
+      Derived(src, psi2[a].get(), false, [&](int fi, int fj, int fk) {
+        const int ka = kvec(fi, fj, fk, a);
+        const int m = fi * fi + fj * fj + fk * fk;
+        return m == 0 ? 0.0 : double(ka) * ka / m;
+      });
+    }
+    float* s = real.get();
+    const float *xx = psi2[0].get(), *yy = psi2[1].get(), *zz = psi2[2].get();
+    const int64_t total = static_cast<int64_t>(real_size);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < total; ++p) s[p] = xx[p] * yy[p] + xx[p] * zz[p] + yy[p] * zz[p];
+    const int pairs[3][2] = {{0, 1}, {0, 2}, {1, 2}};
+    float* tmp = psi2[0].get();
+    for (const auto& pr : pairs) {
+      Derived(src, tmp, false, [&](int fi, int fj, int fk) {
+        const int ka = kvec(fi, fj, fk, pr[0]), kb = kvec(fi, fj, fk, pr[1]);
+        const int m = fi * fi + fj * fj + fk * fk;
+        if (m == 0 || std::abs(ka) == half || std::abs(kb) == half) return 0.0;
+        return double(ka) * kb / m;
+      });
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t p = 0; p < total; ++p) s[p] -= tmp[p] * tmp[p];
+    }
+    // Psi2 = grad phi2 = i k phi2, phi2 = -S / k^2. The r2c result is unnormalised: divide by n^3.
+    fftwf_execute_dft_r2c(r2c.get(), s, field_k.get());
+    const double inv_n3 = 1.0 / static_cast<double>(real_size);
+    for (int a = 0; a < 3; ++a) {
+      Derived(field_k.get(), psi2[a].get(), true, [&](int fi, int fj, int fk) {
+        const int ka = kvec(fi, fj, fk, a);
+        const int m = fi * fi + fj * fj + fk * fk;
+        if (m == 0 || std::abs(ka) == half) return 0.0;
+        return -ka / (kf * m) * inv_n3;
+      });
+    }
+  }
+
+  // Moves particles to x = q + d1 Psi1 + d2 Psi2 and counts them into dst[side^3]. Returns false
+  // if a voxel exceeds the int16 range.
+  bool Deposit(const UniverseOptions& o, double d1, double d2, int16_t* dst) {
+    const int side = o.side;
+    const int64_t voxels = int64_t{side} * side * side;
+    const double box = o.box_size();
+    const double spacing = box / n;       // Lagrangian grid spacing
+    const double inv_voxel = side / box;  // positions -> voxel units
+    const bool cic = o.assignment == MassAssignment::kCic;
+    const bool second = d2 != 0.0 && psi2[0];
+    grids.assign(size_t(threads) * voxels, 0.0f);
+    const int nn = n;
+    auto wrap = [side](int64_t v) {
+      v %= side;
+      return v < 0 ? v + side : v;
+    };
+    // Each thread counts its slabs of particles into its own grid; the grids are summed after.
+#pragma omp parallel num_threads(threads)
+    {
+      float* grid = grids.data() + size_t(omp_get_thread_num()) * voxels;
+#pragma omp for schedule(static)
+      for (int i = 0; i < nn; ++i) {
+        for (int j = 0; j < nn; ++j) {
+          for (int k = 0; k < nn; ++k) {
+            const size_t p = (size_t(i) * nn + j) * nn + k;
+            double x = (i + 0.5) * spacing + d1 * psi1[0].get()[p];
+            double y = (j + 0.5) * spacing + d1 * psi1[1].get()[p];
+            double w = (k + 0.5) * spacing + d1 * psi1[2].get()[p];
+            if (second) {
+              x += d2 * psi2[0].get()[p];
+              y += d2 * psi2[1].get()[p];
+              w += d2 * psi2[2].get()[p];
+            }
+            x *= inv_voxel;
+            y *= inv_voxel;
+            w *= inv_voxel;
+            if (!cic) {
+              const int64_t a = wrap(static_cast<int64_t>(std::floor(x)));
+              const int64_t b = wrap(static_cast<int64_t>(std::floor(y)));
+              const int64_t e = wrap(static_cast<int64_t>(std::floor(w)));
+              grid[(a * side + b) * side + e] += 1.0f;
+              continue;
+            }
+            // Cloud in cell: the particle is a voxel-sized cube; voxel centres at integer + 0.5.
+            const double xs = x - 0.5, ys = y - 0.5, ws = w - 0.5;
+            const double fx = std::floor(xs), fy = std::floor(ys), fw = std::floor(ws);
+            const double tx = xs - fx, ty = ys - fy, tw = ws - fw;
+            const int64_t a0 = static_cast<int64_t>(fx), b0 = static_cast<int64_t>(fy),
+                          e0 = static_cast<int64_t>(fw);
+            for (int da = 0; da < 2; ++da) {
+              const int64_t a = wrap(a0 + da);
+              const double wa = da ? tx : 1 - tx;
+              for (int db = 0; db < 2; ++db) {
+                const int64_t b = wrap(b0 + db);
+                const double wb = db ? ty : 1 - ty;
+                for (int de = 0; de < 2; ++de) {
+                  const int64_t e = wrap(e0 + de);
+                  const double we = de ? tw : 1 - tw;
+                  grid[(a * side + b) * side + e] += static_cast<float>(wa * wb * we);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    bool overflow = false;
+    const int nt = threads;
+    const float* g = grids.data();
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(|| : overflow)
+    for (int64_t v = 0; v < voxels; ++v) {
+      float sum = 0;
+      for (int t = 0; t < nt; ++t) sum += g[size_t(t) * voxels + v];
+      const float r = std::nearbyint(sum);
+      if (r > 32767.0f) {
+        overflow = true;
+        dst[v] = 32767;
+      } else {
+        dst[v] = static_cast<int16_t>(r);
+      }
+    }
+    return !overflow;
+  }
+};
+
+UniverseGenerator::~UniverseGenerator() = default;
+
+StatusOr<std::unique_ptr<UniverseGenerator>> UniverseGenerator::Create(
+    const UniverseOptions& options) {
+  CF_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<UniverseGenerator> g(new UniverseGenerator());
+  g->options_ = options;
+  g->impl_ = std::make_unique<Impl>();
+  Impl& m = *g->impl_;
+  m.n = options.particle_grid();
+  m.nc = m.n / 2 + 1;
+  m.real_size = size_t(m.n) * m.n * m.n;
+  m.complex_size = size_t(m.n) * m.n * m.nc;
+  m.threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+  m.real = AllocFloat(m.real_size);
+  m.delta_k = AllocComplex(m.complex_size);
+  m.field_k = AllocComplex(m.complex_size);
+  m.scratch_k = AllocComplex(m.complex_size);
+  const bool second_order = options.displacement == Displacement::k2Lpt;
+  for (int a = 0; a < 3; ++a) m.psi1[a] = AllocFloat(m.real_size);
+  if (second_order) {
+    for (int a = 0; a < 3; ++a) m.psi2[a] = AllocFloat(m.real_size);
+  }
+  if (!m.real || !m.delta_k || !m.field_k || !m.scratch_k || !m.psi1[2] ||
+      (second_order && !m.psi2[2])) {
+    return ResourceExhaustedError("synth: cannot allocate work buffers for a " + Num(m.n) +
+                                  "^3 particle grid");
+  }
+  InitFftwThreadsOnce();
+  {
+    // FFTW_ESTIMATE: the plan (hence the float rounding) does not depend on timing, so the same
+    // seed gives the same bytes on every run.
+    std::lock_guard<std::mutex> lock(PlannerMutex());
+    fftwf_plan_with_nthreads(m.threads);
+    m.r2c.reset(fftwf_plan_dft_r2c_3d(m.n, m.n, m.n, m.real.get(), m.scratch_k.get(), FFTW_ESTIMATE));
+    m.c2r.reset(fftwf_plan_dft_c2r_3d(m.n, m.n, m.n, m.scratch_k.get(), m.real.get(), FFTW_ESTIMATE));
+  }
+  if (!m.r2c || !m.c2r) return InternalError("synth: FFTW could not plan a " + Num(m.n) + "^3 transform");
+  return g;
+}
+
+Status UniverseGenerator::LinearDensity(const Cosmology& cosmology, uint64_t seed, uint64_t index,
+                                        std::vector<float>* delta) {
+  Impl& m = *impl_;
+  m.Colour(cosmology, options_.box_size(), seed, index);
+  // FFTW's new-array execute needs arrays aligned like the planned ones: transform into m.real.
+  m.Derived(m.delta_k.get(), m.real.get(), false, [](int, int, int) { return 1.0; });
+  delta->assign(m.real.get(), m.real.get() + m.real_size);
+  return Status::Ok();
+}
+
+double UniverseGenerator::SmoothingRadius(const Cosmology& cosmology, double z) const {
+  if (options_.smoothing >= 0) return options_.smoothing;
+  return options_.smoothing_nl_factor / cosmology.NonLinearWavenumber(z);
+}
+
+StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t seed,
+                                           uint64_t index) {
+  Impl& m = *impl_;
+  const double box = options_.box_size();
+  const bool second_order = options_.displacement == Displacement::k2Lpt;
+  m.Colour(cosmology, box, seed, index);
+
+  const int side = options_.side;
+  const int channels = static_cast<int>(options_.redshifts.size());
+  Cube cube(CubeShape{channels, side, side, side}, DType::kInt16);
+  const int64_t voxels = int64_t{side} * side * side;
+  // With a fixed (or no) truncation every channel is the same field scaled by D(z): compute the
+  // displacements once. The automatic truncation depends on z, so each channel has its own.
+  const bool per_channel = options_.smoothing < 0;
+  for (int c = 0; c < channels; ++c) {
+    const double z = options_.redshifts[c];
+    if (c == 0 || per_channel) {
+      m.Smooth(box, SmoothingRadius(cosmology, z));
+      m.Displacements(box, second_order);
+    }
+    const double d1 = cosmology.GrowthFactor(z);
+    const double d2 = second_order ? cosmology.SecondOrderGrowthFactor(z) : 0.0;
+    if (!m.Deposit(options_, d1, d2, cube.int16_data() + c * voxels)) {
+      return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
+                             std::to_string(c) + " has a voxel with more than 32767 particles");
+    }
+  }
+  return cube;
+}
+
+Status ParamRanges::Validate() const {
+  auto check = [](const char* name, double lo, double hi, double min_ok, double max_ok) {
+    if (!(lo <= hi)) {
+      return InvalidArgumentError(std::string("range of ") + name + " [" + Num(lo) + ", " +
+                                  Num(hi) + "]: min > max");
+    }
+    if (!(lo > min_ok && hi < max_ok)) {
+      return InvalidArgumentError(std::string("range of ") + name + " [" + Num(lo) + ", " +
+                                  Num(hi) + "]: must lie in (" + Num(min_ok) + ", " +
+                                  Num(max_ok) + ")");
+    }
+    return Status::Ok();
+  };
+  CF_RETURN_IF_ERROR(check("Omega_M", omega_m_min, omega_m_max, 0.045, 1.0000001));
+  CF_RETURN_IF_ERROR(check("sigma_8", sigma_8_min, sigma_8_max, 0, 10));
+  CF_RETURN_IF_ERROR(check("n_s", n_s_min, n_s_max, 0, 3));
+  return Status::Ok();
+}
+
+CosmologyParams DrawParams(const ParamRanges& r, uint64_t seed, uint64_t index,
+                           const CosmologyParams& base) {
+  const uint64_t key = StreamKey(seed, index, RandomStream::kParameters);
+  CosmologyParams p = base;
+  p.omega_m = r.omega_m_min + (r.omega_m_max - r.omega_m_min) * RandomUniform(key, 0);
+  p.sigma_8 = r.sigma_8_min + (r.sigma_8_max - r.sigma_8_min) * RandomUniform(key, 1);
+  p.n_s = r.n_s_min + (r.n_s_max - r.n_s_min) * RandomUniform(key, 2);
+  return p;
+}
+
+PowerSpectrumBins MeasurePowerSpectrum(const float* field, int n, double box,
+                                       const std::function<double(double)>& model) {
+  const int nc = n / 2 + 1;
+  const size_t real_size = size_t(n) * n * n;
+  FloatBuffer in = AllocFloat(real_size);
+  ComplexBuffer out = AllocComplex(size_t(n) * n * nc);
+  std::memcpy(in.get(), field, real_size * sizeof(float));
+  Plan plan;
+  {
+    std::lock_guard<std::mutex> lock(PlannerMutex());
+    InitFftwThreadsOnce();
+    fftwf_plan_with_nthreads(1);
+    plan.reset(fftwf_plan_dft_r2c_3d(n, n, n, in.get(), out.get(), FFTW_ESTIMATE));
+  }
+  fftwf_execute(plan.get());
+
+  const double kf = 2 * M_PI / box;
+  const double dv = std::pow(box / n, 3), volume = box * box * box;
+  const int nbins = n / 2;  // bin b covers |k|/k_f in [b + 0.5, b + 1.5)
+  std::vector<double> ksum(nbins, 0), psum(nbins, 0), msum(nbins, 0);
+  std::vector<int64_t> count(nbins, 0);
+  for (int i = 0; i < n; ++i) {
+    const int fi = Freq(i, n);
+    for (int j = 0; j < n; ++j) {
+      const int fj = Freq(j, n);
+      for (int k = 0; k < nc; ++k) {
+        const double kmag = std::sqrt(double(fi * fi + fj * fj + k * k));
+        const int b = static_cast<int>(std::floor(kmag - 0.5));
+        if (kmag == 0 || b < 0 || b >= nbins) continue;
+        // The r2c half-space holds k_z >= 0; modes with 0 < k_z < n/2 stand for their mirror too.
+        const int weight = (k == 0 || k == n / 2) ? 1 : 2;
+        const fftwf_complex& c = out.get()[(size_t(i) * n + j) * nc + k];
+        const double p = (double(c[0]) * c[0] + double(c[1]) * c[1]) * dv * dv / volume;
+        ksum[b] += weight * kmag * kf;
+        psum[b] += weight * p;
+        if (model) msum[b] += weight * model(kmag * kf);
+        count[b] += weight;
+      }
+    }
+  }
+  PowerSpectrumBins bins;
+  for (int b = 0; b < nbins; ++b) {
+    if (count[b] == 0) continue;
+    bins.k.push_back(ksum[b] / count[b]);
+    bins.power.push_back(psum[b] / count[b]);
+    if (model) bins.model.push_back(msum[b] / count[b]);
+    bins.modes.push_back(count[b]);
+  }
+  return bins;
+}
+
+}  // namespace synth
+}  // namespace cosmoflow

@@ -1,0 +1,129 @@
+// Synthetic dark-matter universes: a Gaussian random field with the linear power spectrum of a
+// flat LambdaCDM cosmology, particles displaced by Lagrangian perturbation theory, counted per
+// voxel into an int16 cube with one channel per redshift.
+//
+// Recipe (per sample):
+//  1. White noise w_j ~ N(0, 1) on the particle grid (N_p^3 points, spacing L / N_p, L = side x
+//     voxel size), drawn by the counter-based generator of random.h from (seed, sample index).
+//  2. Forward FFT and colouring: delta_k = W_k sqrt(P(k) / dV), dV = (L / N_p)^3, which gives
+//     <|delta(k)|^2> = V P(k) for the continuous transform (delta(k) = dV DFT(delta)). The k = 0
+//     mode is zeroed (the box has the mean density). This is the z = 0 linear density field.
+//  3. Zel'dovich displacement Psi1(k) = i k / k^2 delta(k) (so div Psi1 = -delta), and with 2LPT
+//     Psi2(k) = i k phi2(k), phi2(k) = -S(k) / k^2, S = sum_{a<b} (phi_aa phi_bb - phi_ab^2),
+//     phi_ab(k) = k_a k_b / k^2 delta(k) (Scoccimarro 1998, MNRAS 299, 1097; Crocce, Pueblas &
+//     Scoccimarro 2006, MNRAS 373, 369, eqs. 2-5).
+//  4. For each redshift z: x = q + D(z) Psi1 + D2(z) Psi2 (D, D2 from cosmology.h; all channels
+//     share one initial field, as snapshots of one simulation do), periodic in the box.
+//  5. Mass assignment into side^3 voxels: NGP (nearest grid point, as the CosmoFlow data are
+//     counted) or CIC (cloud in cell; Hockney & Eastwood 1981), then int16.
+// Lagrangian positions q are the centres of the particle grid cells. With NGP, sum of counts =
+// N_p^3 exactly, so the mean count per voxel is (N_p / side)^3 exactly. CIC counts are rounded to
+// the nearest integer per voxel: the total is then only approximately conserved.
+//
+// Zel'dovich/2LPT move particles on straight lines and never bind them into haloes: voids and
+// filaments look right, but the densest voxels hold far fewer particles than in an N-body run
+// (see docs/data.md for the comparison with the real CosmoFlow cubes).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/base/status.h"
+#include "core/io/cube.h"
+#include "synth/cosmology.h"
+
+namespace cosmoflow {
+namespace synth {
+
+enum class Displacement { kZeldovich, k2Lpt };
+enum class MassAssignment { kNgp, kCic };
+
+const char* DisplacementName(Displacement d);     // "za", "2lpt"
+const char* MassAssignmentName(MassAssignment m); // "ngp", "cic"
+StatusOr<Displacement> ParseDisplacement(const std::string& name);
+StatusOr<MassAssignment> ParseMassAssignment(const std::string& name);
+
+struct UniverseOptions {
+  int side = 128;                  // voxels per side of the output cube
+  double voxel_size = 1.0;         // Mpc/h per voxel; the periodic box is side * voxel_size
+  int particles_per_side = 0;      // N_p; 0 means side (one particle per voxel)
+  std::vector<double> redshifts = {0.0, 0.5, 1.5, 3.0};  // one output channel each
+  TransferFunction transfer = TransferFunction::kEisensteinHu;
+  Displacement displacement = Displacement::kZeldovich;  // see docs/data.md for the choice
+  MassAssignment assignment = MassAssignment::kNgp;
+  // Gaussian truncation of the field that moves the particles, exp(-k^2 R^2 / 2) ("truncated
+  // Zel'dovich", Coles, Melott & Shandarin 1993, MNRAS 260, 765; T2LPT, Melott 1995): removes the
+  // modes that have gone non-linear, whose shell crossing would otherwise smear the densest regions
+  // out again. R > 0: in Mpc/h, for every channel; R = 0: none; R < 0: automatic and per channel,
+  // R(z) = smoothing_nl_factor / k_nl(z), k_nl(z) the non-linear wavenumber at z (cosmology.h).
+  // The automatic mode recomputes the displacements for each channel (one set of FFTs each).
+  double smoothing = -1;
+  double smoothing_nl_factor = 0.35;
+  int threads = 0;                 // OpenMP + FFTW threads; 0 = omp_get_max_threads()
+
+  double box_size() const { return side * voxel_size; }
+  int particle_grid() const { return particles_per_side > 0 ? particles_per_side : side; }
+  // Checks sizes (side 4..1024, even particle grid, at most 2^31 particles), redshifts (>= 0,
+  // at least one) and voxel size; errors name the option.
+  Status Validate() const;
+};
+
+// Builds universes of one geometry. Owns FFTW plans and work buffers (about 12 N_p^3 floats with
+// 2LPT), so creating one is not free; reuse it for many samples. Not thread-safe: use one per
+// thread. Output depends only on (cosmology, seed, index, options, thread count); in practice the
+// thread count does not change it either (see the determinism test).
+class UniverseGenerator {
+ public:
+  static StatusOr<std::unique_ptr<UniverseGenerator>> Create(const UniverseOptions& options);
+  ~UniverseGenerator();
+
+  const UniverseOptions& options() const { return options_; }
+
+  // The z = 0 linear density contrast on the particle grid, N_p^3 floats in C order (x slowest).
+  Status LinearDensity(const Cosmology& cosmology, uint64_t seed, uint64_t index,
+                       std::vector<float>* delta);
+
+  // The truncation radius (Mpc/h) used for the channel at redshift z (0 = none).
+  double SmoothingRadius(const Cosmology& cosmology, double z) const;
+
+  // A cube of shape (redshifts, side, side, side), int16 counts. Fails (OUT_OF_RANGE) if a voxel
+  // would exceed 32767 particles rather than wrapping.
+  StatusOr<Cube> Generate(const Cosmology& cosmology, uint64_t seed, uint64_t index);
+
+ private:
+  UniverseGenerator() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  UniverseOptions options_;
+};
+
+// Parameter ranges to draw from, uniformly and independently (the CosmoFlow ranges by default).
+struct ParamRanges {
+  double omega_m_min = 0.25, omega_m_max = 0.35;
+  double sigma_8_min = 0.78, sigma_8_max = 0.95;
+  double n_s_min = 0.90, n_s_max = 1.00;
+  Status Validate() const;  // min <= max, and every value within CosmologyParams' limits
+};
+
+// Draws (Omega_M, sigma_8, n_s) for sample `index`; a pure function of (ranges, seed, index).
+CosmologyParams DrawParams(const ParamRanges& ranges, uint64_t seed, uint64_t index,
+                           const CosmologyParams& base = {});
+
+// Spherically averaged power spectrum of a real periodic field on an n^3 grid of side `box`
+// (Mpc/h): bins of width k_f = 2 pi / box centred on multiples of k_f, up to the Nyquist
+// frequency. P = |dV DFT(delta)|^2 / V. When `model` is set, each bin also holds the mean of
+// model(|k|) over the same modes, which is what the measurement should match on average.
+struct PowerSpectrumBins {
+  std::vector<double> k;          // mean |k| of the modes in the bin, h/Mpc
+  std::vector<double> power;      // mean measured P, (Mpc/h)^3
+  std::vector<double> model;      // mean model P over the same modes (empty without a model)
+  std::vector<int64_t> modes;     // number of modes (counting k and -k once each)
+};
+PowerSpectrumBins MeasurePowerSpectrum(const float* field, int n, double box,
+                                       const std::function<double(double)>& model = nullptr);
+
+}  // namespace synth
+}  // namespace cosmoflow
