@@ -1,0 +1,54 @@
+// The first block of the SC18-style networks as one fused kernel: 1-channel VALID conv3d (stride 1,
+// up to 16 filters) + leaky ReLU + average pooling.
+//
+// Why: on this machine the 1-channel convolution is the slowest layer in every precision (oneDNN's
+// backward-weights reaches ~87 GFLOP/s fp32, bf16 is slower than fp32), and its 16 x 126^3 output
+// is the largest tensor of the network. Fusing conv, activation and pooling means that tensor is
+// never written: forward writes only the pooled output (8x smaller) and a 16-bit sign mask per conv
+// voxel; backward-weights rebuilds dLoss/dconv on the fly from the pooled gradient and the mask and
+// accumulates the 27 weight gradients in registers (a matmul over input patches). The gradient of the
+// input cube is never computed.
+//
+// Layouts: input  N x 1 x S^3 fp32 (plain);
+//          output N x Q^3 x F (channels last = oneDNN ndhwc), fp32 or bf16, Q = (S-K+1)/P;
+//          diff of the output in the same layout and type.
+// Weights/grads: plain OIDHW (F,1,K,K,K) fp32 and bias (F) fp32, read/written directly.
+// Threading: OpenMP over output rows; per-thread partial gradients are summed in thread order, so
+// results are bit-reproducible for a fixed thread count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace cosmoflow {
+
+class FirstBlockKernel {
+ public:
+  static bool Supported(int side, int filters, int kernel, int stride, bool same_padding, int pool);
+
+  FirstBlockKernel(int batch, int side, int filters, int kernel, float alpha, int pool, bool bf16_out,
+                   bool training);
+
+  int pooled_side() const { return q_; }
+  double ConvFlops() const;  // 2 * K^3 * F * O^3 * batch (the conv part, as ForwardFlops counts)
+
+  // dst: N x Q^3 x F (fp32 or bf16 as constructed). Records the ReLU masks when training.
+  void Forward(const float* src, const float* weights, const float* bias, void* dst);
+  // diff_dst: dLoss/d(pooled output), same layout and type as dst. Overwrites grad_w and grad_b.
+  void BackwardWeights(const float* src, const float* weights, const float* bias, const void* diff_dst,
+                       float* grad_w, float* grad_b);
+
+ private:
+  int n_, s_, f_, k_, p_, o_, q_;
+  float alpha_;
+  bool bf16_, training_;
+  int threads_;
+  std::vector<uint16_t> mask_;     // [N][Q*P][Q*P][Q*P] bit f = conv output of filter f > 0
+  std::vector<float> storage_;     // one allocation, carved into the 64-byte aligned arrays below
+  float* wt_ = nullptr;            // [K^3][16] weights, tap-major, zero-padded filters
+  float* partial_ = nullptr;       // [threads][K^3 * 16 + 16] per-thread gradient partials
+  float* scratch_ = nullptr;       // [threads][Q*P * 16] pooled-row / dconv-row buffers
+  int64_t scratch_stride_ = 0;
+};
+
+}  // namespace cosmoflow

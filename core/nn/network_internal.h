@@ -1,0 +1,38 @@
+// Internal helpers of the network implementation (not a public contract): bf16 conversion, the
+// counter-based hash behind dropout masks and parameter init, aligned scratch buffers.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+namespace cosmoflow::nn_internal {
+
+inline float Bf16ToF32(uint16_t v) {
+  uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as oneDNN and the AVX512-BF16 instructions do; NaN stays NaN.
+inline uint16_t F32ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+uint64_t SplitMix64(uint64_t x);
+// Uniform in [0, 1) from (seed, step, layer, element): dropout masks without stored state.
+float DropoutUniform(uint64_t seed, uint64_t step, int layer, int64_t index);
+
+struct AlignedFree {
+  void operator()(void* p) const;
+};
+using AlignedBuffer = std::unique_ptr<void, AlignedFree>;
+// Page-aligned, uninitialised; size rounded up to whole pages.
+AlignedBuffer AllocateAligned(size_t bytes);
+
+}  // namespace cosmoflow::nn_internal

@@ -1,0 +1,301 @@
+// The oneDNN network against the naive double reference (forward) and finite differences (backward).
+#include "core/nn/network.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "tests/nn/test_util.h"
+
+namespace cosmoflow {
+namespace {
+
+using namespace cosmoflow::testing;  // NOLINT
+
+// One case per layer configuration the built-in specs use. Every case has a prefix conv so the
+// layer under test must also produce a correct diff_src (the prefix conv's weight gradient needs it).
+struct LayerCase {
+  const char* name;
+  int side;
+  std::vector<LayerSpec> layers;  // between the prefix conv and flatten
+};
+
+std::vector<LayerCase> LayerCases() {
+  return {
+      {"conv_k3_s1_valid_leaky", 9, {ConvL(3, 3), LeakyL(0.01f)}},
+      {"conv_k4_s1_valid", 9, {ConvL(3, 4)}},
+      {"conv_k3_s2_valid", 10, {ConvL(3, 3, 2)}},
+      {"conv_k2_s1_valid_leaky", 7, {ConvL(3, 2), LeakyL(0.01f)}},
+      {"conv_k3_s1_same_leaky03", 7, {ConvL(3, 3, 1, true), LeakyL(0.3f)}},
+      {"conv_k3_s2_same", 8, {ConvL(3, 3, 2, true)}},
+      {"avg_pool2_odd", 8, {PoolL(false, 2)}},  // 7 -> 3: the trailing plane is dropped
+      {"max_pool2", 9, {PoolL(true, 2)}},
+      {"leaky_after_pool", 9, {PoolL(false, 2), LeakyL(0.2f)}},
+  };
+}
+
+ModelSpec CaseSpec(const LayerCase& c, std::vector<LayerSpec> tail, int outputs) {
+  std::vector<LayerSpec> layers = {ConvL(2, 2)};
+  layers.insert(layers.end(), c.layers.begin(), c.layers.end());
+  layers.push_back(FlattenL());
+  layers.insert(layers.end(), tail.begin(), tail.end());
+  return MakeSpec(2, c.side, layers, outputs);
+}
+
+TEST(NetworkLayerTest, ForwardMatchesReference) {
+  for (const auto& c : LayerCases()) {
+    SCOPED_TRACE(c.name);
+    ModelSpec spec = CaseSpec(c, {DenseL(5)}, 5);
+    ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+    ExpectForwardMatchesReference(spec, 2, 1e-4);
+  }
+}
+
+TEST(NetworkLayerTest, BackwardMatchesFiniteDifferences) {
+  for (const auto& c : LayerCases()) {
+    SCOPED_TRACE(c.name);
+    ExpectGradientsMatchFiniteDifferences(CaseSpec(c, {DenseL(3)}, 3), 2);
+  }
+}
+
+TEST(NetworkLayerTest, DenseStackAndScaledTanh) {
+  ModelSpec spec = MakeSpec(1, 4, {FlattenL(), DenseL(16), LeakyL(0.3f), DenseL(8), LeakyL(0.01f), DenseL(4),
+                                   TanhL(1.2f)}, 4);
+  ExpectForwardMatchesReference(spec, 3, 1e-4);
+  ExpectGradientsMatchFiniteDifferences(spec, 3);
+}
+
+// The fused 1-channel first block (conv + leaky + avg pool), in the shapes the specs use, plus an
+// odd conv output (9 -> pooled 4, the last plane unused) and fewer than 16 filters.
+TEST(NetworkFirstBlockTest, FusedBlockMatchesReferenceAndFiniteDifferences) {
+  struct Case {
+    int side, filters, kernel;
+  };
+  for (Case c : {Case{10, 16, 3}, Case{11, 4, 3}, Case{11, 8, 4}, Case{9, 5, 2}}) {
+    SCOPED_TRACE("side " + std::to_string(c.side) + " filters " + std::to_string(c.filters) + " kernel " +
+                 std::to_string(c.kernel));
+    ModelSpec spec = MakeSpec(1, c.side,
+                              {ConvL(c.filters, c.kernel), LeakyL(0.01f), PoolL(false, 2), ConvL(3, 2),
+                               LeakyL(0.01f), FlattenL(), DenseL(3)},
+                              3);
+    ExpectForwardMatchesReference(spec, 2, 1e-4);
+    ExpectGradientsMatchFiniteDifferences(spec, 2);
+  }
+}
+
+TEST(NetworkFirstBlockTest, FusedAndGenericPathsAgree) {
+  ModelSpec spec = *BuiltinSpec("tiny32");
+  spec.layers.erase(spec.layers.begin() + 11);  // no dropout: both paths must give the same numbers
+  const int batch = 2;
+  auto x = RandomVector(InputSize(spec) * batch, 11, 0.f, 2.f);
+  auto r = RandomVector(batch * 3, 12);
+  std::vector<float> y_fused(batch * 3), y_generic(batch * 3);
+  auto fused = MakeNet(spec, batch, true);
+  std::unique_ptr<Network> generic;
+  {
+    ScopedEnv env("COSMOFLOW_NO_FUSED_FIRST_BLOCK", "1");
+    generic = MakeNet(spec, batch, true);
+  }
+  ASSERT_TRUE(fused && generic);
+  fused->Forward(x.data(), y_fused.data());
+  generic->Forward(x.data(), y_generic.data());
+  for (int i = 0; i < batch * 3; ++i) EXPECT_NEAR(y_fused[i], y_generic[i], 1e-4f * (1 + std::abs(y_generic[i])));
+  fused->Backward(r.data());
+  generic->Backward(r.data());
+  for (size_t pi = 0; pi < fused->parameters().size(); ++pi) {
+    const auto& a = fused->parameters()[pi];
+    const auto& b = generic->parameters()[pi];
+    double max_g = 1e-6;
+    for (int64_t i = 0; i < b.numel(); ++i) max_g = std::max(max_g, double(std::abs(b.grad[i])));
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      ASSERT_NEAR(a.grad[i], b.grad[i], 1e-4 * max_g) << a.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(NetworkTest, WholeNetworksMatchReference) {
+  for (const char* name : {"tiny32", "small64", "mlperf64"}) {
+    SCOPED_TRACE(name);
+    ExpectForwardMatchesReference(*BuiltinSpec(name), 2, 2e-4);
+  }
+}
+
+TEST(NetworkTest, Sc18FullSizeForwardMatchesReference) {
+  // The headline network at its real 128^3 size, one sample (about 21 GFLOP in the naive reference).
+  ExpectForwardMatchesReference(*BuiltinSpec("sc18"), 1, 2e-4);
+}
+
+TEST(NetworkTest, TinyEndToEndGradientCheck) {
+  ModelSpec spec = *BuiltinSpec("tiny32");
+  spec.layers.erase(spec.layers.begin() + 11);  // dropout draws a new mask per forward
+  ExpectGradientsMatchFiniteDifferences(spec, 2, 12);
+}
+
+TEST(NetworkTest, ParameterCountsOfTheBuiltinNetworks) {
+  for (auto [name, count] : {std::pair<const char*, int64_t>{"sc18", 7041443}, {"mlperf", 8907556}}) {
+    auto net = MakeNet(*BuiltinSpec(name), 1, false);
+    ASSERT_TRUE(net);
+    int64_t n = 0;
+    for (const auto& p : net->parameters()) n += p.numel();
+    EXPECT_EQ(n, count) << name;
+    EXPECT_EQ(net->parameters().front().name, "conv0.weights");
+    EXPECT_EQ(net->parameters().back().name, std::string("dense") + (name[0] == 's' ? "2" : "2") + ".bias");
+  }
+}
+
+TEST(NetworkTest, DropoutMasksAndScalesConsistentlyForwardAndBackward) {
+  // 1x1 conv (weight 1, bias 0) -> flatten -> dropout 0.5 -> dense 64 with identity weights.
+  ModelSpec spec = MakeSpec(1, 4, {ConvL(1, 1), FlattenL(), DropoutL(0.5f), DenseL(64)}, 64);
+  const int batch = 8;
+  auto net = MakeNet(spec, batch, true);
+  ASSERT_TRUE(net);
+  auto& ps = net->parameters();
+  ps[0].value[0] = 1.f;
+  ps[1].value[0] = 0.f;
+  std::fill(ps[2].value, ps[2].value + ps[2].numel(), 0.f);
+  for (int i = 0; i < 64; ++i) ps[2].value[i * 64 + i] = 1.f;
+  std::fill(ps[3].value, ps[3].value + 64, 0.f);
+  net->ParametersUpdated();
+  auto x = RandomVector(64 * batch, 21, 0.5f, 1.5f);
+  std::vector<float> y(64 * batch), ones(64 * batch, 1.f);
+  net->Forward(x.data(), y.data());
+  int dropped = 0;
+  double sum_out = 0;
+  for (int i = 0; i < 64 * batch; ++i) {
+    if (y[i] == 0.f) {
+      ++dropped;
+    } else {
+      EXPECT_NEAR(y[i], 2.f * x[i], 1e-5f);
+    }
+    sum_out += y[i];
+  }
+  EXPECT_GT(dropped, 64 * batch * 0.4);
+  EXPECT_LT(dropped, 64 * batch * 0.6);
+  net->Backward(ones.data());
+  // d/dw of the 1x1 conv = sum of 2*mask*x = sum of outputs: the backward mask is the forward mask.
+  EXPECT_NEAR(ps[0].grad[0], sum_out, 1e-3 * sum_out);
+  EXPECT_NEAR(ps[1].grad[0], 2.0 * (64 * batch - dropped), 1e-3);
+  // A second training forward draws a different mask.
+  std::vector<float> y2(64 * batch);
+  net->Forward(x.data(), y2.data());
+  EXPECT_NE(y, y2);
+  // Inference: dropout is the identity.
+  auto inf = MakeNet(spec, batch, false);
+  ASSERT_TRUE(inf);
+  ASSERT_TRUE(inf->LoadParameters(net->ExportParameters()).ok());
+  inf->Forward(x.data(), y.data());
+  for (int i = 0; i < 64 * batch; ++i) EXPECT_NEAR(y[i], x[i], 1e-6f);
+}
+
+TEST(NetworkTest, Bf16ForwardWithinToleranceOfFp32) {
+  // Stated tolerance: |bf16 - fp32| <= 0.03 * max|fp32 output| + 0.01 per output (bf16 keeps 8
+  // mantissa bits, ~0.4% per rounding, accumulated over the layers).
+  for (const char* name : {"tiny32", "small64", "mlperf64"}) {
+    SCOPED_TRACE(name);
+    ModelSpec spec = *BuiltinSpec(name);
+    const int batch = 2;
+    auto f32 = MakeNet(spec, batch, false, Precision::kFp32, 7);
+    auto b16 = MakeNet(spec, batch, false, Precision::kBf16, 7);
+    ASSERT_TRUE(f32 && b16);
+    RandomizeBiases(*f32, 8);
+    ASSERT_TRUE(b16->LoadParameters(f32->ExportParameters()).ok());
+    auto x = RandomVector(InputSize(spec) * batch, 9, 0.f, 2.f);
+    const int p = static_cast<int>(spec.outputs.size());
+    std::vector<float> a(batch * p), b(batch * p);
+    f32->Forward(x.data(), a.data());
+    b16->Forward(x.data(), b.data());
+    float scale = 0;
+    for (float v : a) scale = std::max(scale, std::abs(v));
+    ASSERT_GT(scale, 0.f);
+    for (int i = 0; i < batch * p; ++i) EXPECT_NEAR(b[i], a[i], 0.03f * scale + 0.01f) << i;
+    EXPECT_NE(a, b);  // really ran in reduced precision
+  }
+}
+
+TEST(NetworkTest, Bf16TrainingGradientsCloseToFp32) {
+  ModelSpec spec = *BuiltinSpec("tiny32");
+  spec.layers.erase(spec.layers.begin() + 11);
+  const int batch = 2;
+  auto f32 = MakeNet(spec, batch, true, Precision::kFp32, 7);
+  auto b16 = MakeNet(spec, batch, true, Precision::kBf16, 7);
+  ASSERT_TRUE(f32 && b16);
+  auto x = RandomVector(InputSize(spec) * batch, 9, 0.f, 2.f);
+  auto r = RandomVector(batch * 3, 10);
+  std::vector<float> y(batch * 3);
+  f32->Forward(x.data(), y.data());
+  f32->Backward(r.data());
+  b16->Forward(x.data(), y.data());
+  b16->Backward(r.data());
+  for (size_t pi = 0; pi < f32->parameters().size(); ++pi) {
+    const auto& a = f32->parameters()[pi];
+    const auto& b = b16->parameters()[pi];
+    double dot = 0, na = 0, nb = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      dot += double(a.grad[i]) * b.grad[i];
+      na += double(a.grad[i]) * a.grad[i];
+      nb += double(b.grad[i]) * b.grad[i];
+    }
+    // Same direction (cosine > 0.95) and magnitude within 25%: bf16 rounding also creates ties in
+    // max pooling, which route some gradients to a different voxel than fp32 does.
+    EXPECT_GT(dot / std::sqrt(na * nb + 1e-30), 0.95) << a.name;
+    EXPECT_NEAR(std::sqrt(nb), std::sqrt(na), 0.25 * std::sqrt(na) + 1e-6) << a.name;
+  }
+}
+
+TEST(NetworkTest, BadSpecsAndOptionsAreRefused) {
+  ModelSpec spec = *BuiltinSpec("tiny32");
+  spec.layers[0].filters = 0;
+  NetworkOptions o;
+  auto r = Network::Create(spec, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("layer 0 (conv3d)"), std::string::npos) << r.status().message();
+  o.batch = 0;
+  r = Network::Create(*BuiltinSpec("tiny32"), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("batch"), std::string::npos);
+}
+
+TEST(NetworkTest, LoadExportRoundTripAndErrors) {
+  auto a = MakeNet(*BuiltinSpec("tiny32"), 1, false, Precision::kFp32, 1);
+  auto b = MakeNet(*BuiltinSpec("tiny32"), 1, false, Precision::kFp32, 2);
+  ASSERT_TRUE(a && b);
+  auto wa = a->ExportParameters();
+  EXPECT_NE(wa[0].data, b->ExportParameters()[0].data);  // different seeds, different init
+  ASSERT_TRUE(b->LoadParameters(wa).ok());
+  auto x = RandomVector(InputSize(*BuiltinSpec("tiny32")), 4, 0.f, 2.f);
+  std::vector<float> ya(3), yb(3);
+  a->Forward(x.data(), ya.data());
+  b->Forward(x.data(), yb.data());
+  EXPECT_EQ(ya, yb);
+  auto missing = wa;
+  missing.erase(missing.begin() + 2);
+  Status st = b->LoadParameters(missing);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(wa[2].name), std::string::npos) << st.message();
+  auto wrong = wa;
+  wrong[1].shape = {7};
+  wrong[1].data.resize(7);
+  st = b->LoadParameters(wrong);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("conv0.bias"), std::string::npos) << st.message();
+  // A failed load leaves the weights untouched.
+  b->Forward(x.data(), yb.data());
+  EXPECT_EQ(ya, yb);
+}
+
+TEST(NetworkTest, ProfileReportNamesEveryOp) {
+  auto net = MakeNet(*BuiltinSpec("tiny32"), 2, true);
+  ASSERT_TRUE(net);
+  net->SetProfiling(true);
+  auto x = RandomVector(InputSize(*BuiltinSpec("tiny32")) * 2, 4, 0.f, 2.f);
+  std::vector<float> y(6), d(6, 0.1f);
+  net->Forward(x.data(), y.data());
+  net->Backward(d.data());
+  std::string rep = net->ProfileReport();
+  EXPECT_NE(rep.find("conv0+leaky+avg_pool0"), std::string::npos) << rep;
+  EXPECT_NE(rep.find("dense1"), std::string::npos) << rep;
+  EXPECT_NE(rep.find("total"), std::string::npos) << rep;
+}
+
+}  // namespace
+}  // namespace cosmoflow

@@ -1,0 +1,220 @@
+// Helpers shared by the nn tests: small specs, random inputs, finite-difference gradient checks.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/nn/network.h"
+#include "tests/nn/reference.h"
+
+namespace cosmoflow::testing {
+
+inline LayerSpec ConvL(int f, int k, int s = 1, bool same = false) {
+  LayerSpec l;
+  l.type = LayerType::kConv3d;
+  l.filters = f;
+  l.kernel = k;
+  l.stride = s;
+  l.same_padding = same;
+  return l;
+}
+inline LayerSpec PoolL(bool max, int size) {
+  LayerSpec l;
+  l.type = max ? LayerType::kMaxPool : LayerType::kAvgPool;
+  l.size = size;
+  return l;
+}
+inline LayerSpec LeakyL(float a) {
+  LayerSpec l;
+  l.type = LayerType::kLeakyRelu;
+  l.alpha = a;
+  return l;
+}
+inline LayerSpec DropoutL(float r) {
+  LayerSpec l;
+  l.type = LayerType::kDropout;
+  l.rate = r;
+  return l;
+}
+inline LayerSpec FlattenL() {
+  LayerSpec l;
+  l.type = LayerType::kFlatten;
+  return l;
+}
+inline LayerSpec DenseL(int u) {
+  LayerSpec l;
+  l.type = LayerType::kDense;
+  l.units = u;
+  return l;
+}
+inline LayerSpec TanhL(float s) {
+  LayerSpec l;
+  l.type = LayerType::kScaledTanh;
+  l.scale = s;
+  return l;
+}
+
+inline ModelSpec MakeSpec(int channels, int side, std::vector<LayerSpec> layers, int outputs) {
+  ModelSpec s;
+  s.name = "test";
+  s.input_channels = channels;
+  s.input_side = side;
+  s.input_transform = InputTransform::kNone;
+  for (int i = 0; i < outputs; ++i) s.outputs.push_back({"o" + std::to_string(i), "", 0.f, 1.f});
+  s.layers = std::move(layers);
+  return s;
+}
+
+inline std::vector<float> RandomVector(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+inline int64_t InputSize(const ModelSpec& s) {
+  return int64_t{s.input_channels} * s.input_side * s.input_side * s.input_side;
+}
+
+inline std::unique_ptr<Network> MakeNet(const ModelSpec& spec, int batch, bool training,
+                                        Precision precision = Precision::kFp32, uint64_t seed = 1) {
+  NetworkOptions o;
+  o.batch = batch;
+  o.training = training;
+  o.precision = precision;
+  o.seed = seed;
+  auto r = Network::Create(spec, o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return nullptr;
+  return std::move(r).value();
+}
+
+// Perturbs every parameter by a small random amount so biases are non-zero in the checks.
+inline void RandomizeBiases(Network& net, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  for (auto& p : net.parameters()) {
+    if (p.shape.size() == 1) {
+      for (int64_t i = 0; i < p.numel(); ++i) p.value[i] = u(rng);
+    }
+  }
+  net.ParametersUpdated();
+}
+
+// Compares the network's forward (inference) with the double reference, sample by sample.
+inline void ExpectForwardMatchesReference(const ModelSpec& spec, int batch, double rel_tol, uint64_t seed = 3) {
+  auto net = MakeNet(spec, batch, false);
+  ASSERT_TRUE(net);
+  RandomizeBiases(*net, seed);
+  const int64_t in = InputSize(spec);
+  auto x = RandomVector(in * batch, seed);
+  const int64_t p = static_cast<int64_t>(spec.outputs.size());
+  std::vector<float> y(batch * p);
+  net->Forward(x.data(), y.data());
+  auto params = net->ExportParameters();
+  for (int b = 0; b < batch; ++b) {
+    auto ref = ReferenceForward(spec, params, x.data() + b * in);
+    ASSERT_EQ(static_cast<int64_t>(ref.size()), p);
+    double scale = 1e-3;
+    for (double v : ref) scale = std::max(scale, std::abs(v));
+    for (int64_t i = 0; i < p; ++i) {
+      EXPECT_NEAR(y[b * p + i], ref[i], rel_tol * scale) << "sample " << b << " output " << i;
+    }
+  }
+}
+
+// Analytic gradients (network, fp32) against central differences of the double reference for
+// L = sum_b sum_p r[b,p] * out[b,p]. Up to `per_tensor` elements of every parameter are checked.
+inline void ExpectGradientsMatchFiniteDifferences(const ModelSpec& spec, int batch, int per_tensor = 24,
+                                                  double tol = 2e-3, uint64_t seed = 5) {
+  auto net = MakeNet(spec, batch, true);
+  ASSERT_TRUE(net);
+  RandomizeBiases(*net, seed);
+  const int64_t in = InputSize(spec);
+  const int64_t p = static_cast<int64_t>(spec.outputs.size());
+  auto x = RandomVector(in * batch, seed + 1);
+  auto r = RandomVector(batch * p, seed + 2);
+  std::vector<float> y(batch * p);
+  net->Forward(x.data(), y.data());
+  std::vector<int> ready;
+  net->Backward(r.data(), [&](int i) { ready.push_back(i); });
+  // Every parameter reported ready exactly once, in reverse order.
+  ASSERT_EQ(ready.size(), net->parameters().size());
+  for (size_t i = 0; i < ready.size(); ++i) EXPECT_EQ(ready[i], static_cast<int>(ready.size() - 1 - i));
+
+  auto params = net->ExportParameters();
+  auto loss = [&](const std::vector<NamedTensor>& ps) {
+    double l = 0;
+    for (int b = 0; b < batch; ++b) {
+      auto out = ReferenceForward(spec, ps, x.data() + b * in);
+      for (int64_t i = 0; i < p; ++i) l += double(r[b * p + i]) * out[i];
+    }
+    return l;
+  };
+  std::mt19937_64 rng(seed + 3);
+  for (size_t ti = 0; ti < params.size(); ++ti) {
+    const Parameter& par = net->parameters()[ti];
+    ASSERT_EQ(par.name, params[ti].name);
+    const int64_t n = par.numel();
+    std::vector<int64_t> idx;
+    if (n <= per_tensor) {
+      for (int64_t i = 0; i < n; ++i) idx.push_back(i);
+    } else {
+      std::uniform_int_distribution<int64_t> pick(0, n - 1);
+      for (int i = 0; i < per_tensor; ++i) idx.push_back(pick(rng));
+    }
+    double max_g = 1e-6;
+    for (int64_t i = 0; i < n; ++i) max_g = std::max(max_g, std::abs(double(par.grad[i])));
+    int bad = 0;
+    for (int64_t i : idx) {
+      const float orig = params[ti].data[i];
+      const float eps = 1e-5f * std::max(1.f, std::abs(orig));
+      params[ti].data[i] = orig + eps;
+      const double plus_delta = double(params[ti].data[i]) - orig;
+      double lp = loss(params);
+      params[ti].data[i] = orig - eps;
+      const double minus_delta = double(params[ti].data[i]) - orig;
+      double lm = loss(params);
+      params[ti].data[i] = orig;
+      const double fd = (lp - lm) / (plus_delta - minus_delta);
+      const double g = par.grad[i];
+      if (std::abs(g - fd) > tol * max_g + 1e-5) {
+        ++bad;
+        ADD_FAILURE() << par.name << "[" << i << "]: analytic " << g << " vs finite difference " << fd
+                      << " (max |grad| " << max_g << ")";
+        if (bad > 5) return;
+      }
+    }
+  }
+}
+
+// Scoped environment variable (restores the old value).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+}  // namespace cosmoflow::testing
