@@ -1,0 +1,298 @@
+// cosmoflow-client: the command-line client of cosmoflow-server, for single cubes and scripts.
+// A thin shell: read a cube (core/io), send it, print the answer. See docs/serving.md.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "core/io/dataset.h"
+#include "core/io/npy.h"
+#include "proto/cosmoflow.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
+#include "server/flags.h"
+
+namespace {
+
+using namespace cosmoflow;
+
+// Exit codes, stable for scripts (docs/serving.md).
+enum ExitCode {
+  kExitOk = 0,
+  kExitOther = 1,         // any other gRPC error (INTERNAL, UNKNOWN, ...)
+  kExitUsage = 2,         // bad flags or command
+  kExitInput = 3,         // the cube file cannot be read or does not match --shape/--dtype
+  kExitUnavailable = 4,   // no server at --address, TLS handshake failed, server shutting down
+  kExitRejected = 5,      // the server refused the request (INVALID_ARGUMENT, FAILED_PRECONDITION,
+                          // RESOURCE_EXHAUSTED, OUT_OF_RANGE, UNAUTHENTICATED, PERMISSION_DENIED)
+  kExitDeadline = 6,      // --timeout passed
+  kExitNotServing = 7,    // health: the server answers but is not SERVING
+};
+
+constexpr char kUsage[] = R"(usage: cosmoflow-client [flags] predict|info|health [command flags]
+  predict  --npy FILE [--layout channel-first|channel-last]
+           --h5 FILE --dataset PATH [--index N]
+           --raw FILE --shape CxDxHxW|DxHxW --dtype int16|float32 [--layout ...]
+           [--json] [--request-id ID] [--model-version V]
+  info     [--json]        model version, spec, outputs, input shape
+  health   [--service S]   exit 0 if SERVING, 7 if not
+flags:
+  --address HOST:PORT      server (default 127.0.0.1:8500)
+  --timeout S              deadline per call (default 30)
+  --max-message-bytes N    receive/send limit (default 67108864)
+  --tls-ca PEM             use TLS, trusting this CA  [--tls-cert PEM --tls-key PEM] client certificate
+  --tls-server-name NAME   expected name in the server certificate (default: the host of --address)
+exit codes: 0 ok, 1 other error, 2 usage, 3 input file, 4 unavailable, 5 rejected by the server,
+            6 deadline exceeded, 7 not serving
+)";
+
+int Fail(int code, const std::string& message) {
+  std::cerr << "cosmoflow-client: error: " << message << "\n";
+  return code;
+}
+
+int ExitCodeFor(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::OK: return kExitOk;
+    case grpc::StatusCode::UNAVAILABLE: return kExitUnavailable;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return kExitDeadline;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED: return kExitRejected;
+    default: return kExitOther;
+  }
+}
+
+int RpcFail(const grpc::Status& s) {
+  std::string message = s.error_message();
+  for (auto& c : message)
+    if (c == '\n') c = ' ';  // one line, always
+  return Fail(ExitCodeFor(s), std::string(StatusCodeName(StatusCode(int(s.error_code())))) + ": " + message);
+}
+
+StatusOr<std::string> ReadText(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(std::string("cannot read ") + what + " '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+StatusOr<std::vector<int64_t>> ParseShape(const std::string& text) {
+  std::vector<int64_t> shape;
+  std::stringstream ss(text);
+  for (std::string part; std::getline(ss, part, 'x');) {
+    char* end = nullptr;
+    long long v = std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || v <= 0)
+      return InvalidArgumentError("--shape '" + text + "' is not like 1x128x128x128");
+    shape.push_back(v);
+  }
+  if (shape.size() != 3 && shape.size() != 4)
+    return InvalidArgumentError("--shape '" + text + "' needs 3 or 4 extents");
+  return shape;
+}
+
+// Fills request.cube from --npy, --h5 or --raw. Errors name the file.
+Status LoadCube(const Flags& flags, v1::PredictRequest* request) {
+  auto* cube = request->mutable_cube();
+  const std::string layout_name = flags.Get("layout", "channel-first");
+  if (layout_name != "channel-first" && layout_name != "channel-last")
+    return InvalidArgumentError("--layout must be channel-first or channel-last, not '" + layout_name + "'");
+  const bool channel_last = layout_name == "channel-last";
+  const int sources = int(flags.Has("npy")) + int(flags.Has("h5")) + int(flags.Has("raw"));
+  if (sources != 1) return InvalidArgumentError("predict needs exactly one of --npy, --h5, --raw");
+
+  auto set_cube = [&](const Cube& c) {
+    for (int64_t e : {c.shape().channels, c.shape().depth, c.shape().height, c.shape().width}) cube->add_shape(e);
+    cube->set_dtype(c.dtype() == DType::kInt16 ? v1::DTYPE_INT16 : v1::DTYPE_FLOAT32);
+    cube->set_layout(v1::LAYOUT_CHANNEL_FIRST);
+    cube->set_data(std::string(static_cast<const char*>(c.raw()), c.size_bytes()));
+  };
+  if (flags.Has("npy")) {
+    CF_ASSIGN_OR_RETURN(Cube c, ReadNpy(flags.Get("npy"), channel_last ? AxisLayout::kChannelLast
+                                                                        : AxisLayout::kChannelFirst));
+    set_cube(c);
+    return Status::Ok();
+  }
+  if (flags.Has("h5")) {
+    if (!flags.Has("dataset")) return InvalidArgumentError("--h5 needs --dataset PATH (e.g. /cubes)");
+    auto index = flags.GetInt("index", 0);
+    if (!index.ok()) return index.status();
+    CF_ASSIGN_OR_RETURN(Cube c, ReadHdf5Cube(flags.Get("h5"), flags.Get("dataset"), *index));
+    set_cube(c);
+    return Status::Ok();
+  }
+  if (!flags.Has("shape") || !flags.Has("dtype")) return InvalidArgumentError("--raw needs --shape and --dtype");
+  CF_ASSIGN_OR_RETURN(auto shape, ParseShape(flags.Get("shape")));
+  CF_ASSIGN_OR_RETURN(DType dtype, ParseDType(flags.Get("dtype")));
+  CF_ASSIGN_OR_RETURN(std::string bytes, ReadText(flags.Get("raw"), "raw cube file"));
+  int64_t elements = 1;
+  for (auto e : shape) elements *= e;
+  if (int64_t(bytes.size()) != elements * int64_t(DTypeSize(dtype)))
+    return InvalidArgumentError("raw cube file '" + flags.Get("raw") + "' has " + std::to_string(bytes.size()) +
+                                " bytes, but --shape " + flags.Get("shape") + " of " + DTypeName(dtype) +
+                                " needs " + std::to_string(elements * DTypeSize(dtype)));
+  for (auto e : shape) cube->add_shape(e);
+  cube->set_dtype(dtype == DType::kInt16 ? v1::DTYPE_INT16 : v1::DTYPE_FLOAT32);
+  cube->set_layout(channel_last ? v1::LAYOUT_CHANNEL_LAST : v1::LAYOUT_CHANNEL_FIRST);
+  cube->set_data(std::move(bytes));
+  return Status::Ok();
+}
+
+std::string Format(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags({{"address", true}, {"timeout", true}, {"max-message-bytes", true}, {"tls-ca", true},
+               {"tls-cert", true}, {"tls-key", true}, {"tls-server-name", true}, {"npy", true},
+               {"h5", true}, {"dataset", true}, {"index", true}, {"raw", true}, {"shape", true},
+               {"dtype", true}, {"layout", true}, {"json", false}, {"request-id", true},
+               {"model-version", true}, {"service", true}, {"help", false}});
+  if (Status s = flags.Parse(argc, argv); !s.ok()) return Fail(kExitUsage, s.message() + " (see --help)");
+  if (flags.Has("help")) {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  if (flags.positional().size() != 1) return Fail(kExitUsage, "expected one command: predict, info or health (see --help)");
+  const std::string command = flags.positional()[0];
+  if (command != "predict" && command != "info" && command != "health")
+    return Fail(kExitUsage, "unknown command '" + command + "' (predict, info or health)");
+
+  auto timeout = flags.GetDouble("timeout", 30);
+  auto max_message = flags.GetInt("max-message-bytes", 64 << 20);
+  if (!timeout.ok()) return Fail(kExitUsage, timeout.status().message());
+  if (!max_message.ok()) return Fail(kExitUsage, max_message.status().message());
+  if (*timeout <= 0) return Fail(kExitUsage, "--timeout must be positive");
+
+  // Read the input before connecting: a bad file is the user's error, not the server's.
+  v1::PredictRequest request;
+  if (command == "predict") {
+    if (Status s = LoadCube(flags, &request); !s.ok())
+      return Fail(s.code() == StatusCode::kInvalidArgument && s.message().rfind("--", 0) == 0 ? kExitUsage : kExitInput,
+                  s.message());
+    request.set_request_id(flags.Get("request-id"));
+    request.set_model_version(flags.Get("model-version"));
+  }
+
+  const std::string address = flags.Get("address", "127.0.0.1:8500");
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(int(*max_message));
+  args.SetMaxSendMessageSize(int(*max_message));
+  if (flags.Has("tls-ca") || flags.Has("tls-cert") || flags.Has("tls-key")) {
+    grpc::SslCredentialsOptions ssl;
+    if (flags.Has("tls-ca")) {
+      auto ca = ReadText(flags.Get("tls-ca"), "TLS CA file");
+      if (!ca.ok()) return Fail(kExitInput, ca.status().message());
+      ssl.pem_root_certs = *ca;
+    }
+    if (flags.Has("tls-cert") != flags.Has("tls-key"))
+      return Fail(kExitUsage, "--tls-cert and --tls-key go together");
+    if (flags.Has("tls-cert")) {
+      auto cert = ReadText(flags.Get("tls-cert"), "TLS certificate");
+      auto key = ReadText(flags.Get("tls-key"), "TLS key");
+      if (!cert.ok()) return Fail(kExitInput, cert.status().message());
+      if (!key.ok()) return Fail(kExitInput, key.status().message());
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    creds = grpc::SslCredentials(ssl);
+    if (flags.Has("tls-server-name")) args.SetSslTargetNameOverride(flags.Get("tls-server-name"));
+  }
+  auto channel = grpc::CreateCustomChannel(address, creds, args);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(int64_t(*timeout * 1000)));
+  const bool json = flags.Has("json");
+
+  if (command == "health") {
+    auto stub = grpc::health::v1::Health::NewStub(channel);
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(flags.Get("service"));
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = stub->Check(&ctx, req, &resp);
+    if (!s.ok()) return RpcFail(s);
+    std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
+    return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitNotServing;
+  }
+
+  auto stub = v1::CosmoFlow::NewStub(channel);
+  if (command == "info") {
+    v1::ModelInfo info;
+    grpc::Status s = stub->GetModelInfo(&ctx, {}, &info);
+    if (!s.ok()) return RpcFail(s);
+    if (json) {
+      nlohmann::json j;
+      j["version"] = info.version();
+      j["checksum"] = info.checksum();
+      j["spec_name"] = info.spec_name();
+      j["input_shape"] = std::vector<int64_t>(info.input_shape().begin(), info.input_shape().end());
+      j["input_transform"] = info.input_transform();
+      j["num_parameters"] = info.num_parameters();
+      j["step"] = info.step();
+      j["epoch"] = info.epoch();
+      j["checkpoint_path"] = info.checkpoint_path();
+      j["max_batch"] = info.max_batch();
+      j["max_message_bytes"] = info.max_message_bytes();
+      j["precision"] = info.precision();
+      j["outputs"] = nlohmann::json::array();
+      for (const auto& o : info.outputs())
+        j["outputs"].push_back({{"name", o.name()}, {"unit", o.unit()}, {"offset", o.offset()}, {"scale", o.scale()}});
+      j["provenance"] = std::map<std::string, std::string>(info.provenance().begin(), info.provenance().end());
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::string shape;
+      for (int i = 0; i < info.input_shape_size(); ++i) shape += (i ? "x" : "") + std::to_string(info.input_shape(i));
+      std::cout << "version          " << info.version() << "\n"
+                << "spec             " << info.spec_name() << " (" << info.num_parameters() << " weights)\n"
+                << "input            " << shape << " int16|float32, transform " << info.input_transform() << "\n"
+                << "outputs         ";
+      for (const auto& o : info.outputs()) std::cout << " " << o.name() << (o.unit().empty() ? "" : " [" + o.unit() + "]");
+      std::cout << "\n"
+                << "checkpoint       " << info.checkpoint_path() << " (step " << info.step() << ", checksum "
+                << info.checksum() << ")\n"
+                << "serving          max batch " << info.max_batch() << ", " << info.precision() << "\n";
+    }
+    return kExitOk;
+  }
+
+  v1::PredictResponse resp;
+  grpc::Status s = stub->Predict(&ctx, request, &resp);
+  if (!s.ok()) return RpcFail(s);
+  if (json) {
+    nlohmann::ordered_json j;
+    j["request_id"] = resp.request_id();
+    j["model_version"] = resp.model_version();
+    nlohmann::ordered_json params = nlohmann::ordered_json::object(), units = nlohmann::ordered_json::object();
+    for (const auto& p : resp.parameters()) {
+      params[p.name()] = p.value();
+      units[p.name()] = p.unit();
+    }
+    j["parameters"] = params;
+    j["units"] = units;
+    j["timings"] = {{"queue_seconds", resp.timings().queue_seconds()},
+                    {"compute_seconds", resp.timings().compute_seconds()},
+                    {"total_seconds", resp.timings().total_seconds()},
+                    {"batch_size", resp.timings().batch_size()}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("%-10s %-16s %s\n", "parameter", "value", "unit");
+    for (const auto& p : resp.parameters())
+      std::printf("%-10s %-16s %s\n", p.name().c_str(), Format(p.value()).c_str(), p.unit().c_str());
+    std::printf("model %s, batch %d, queue %.4f s, compute %.4f s, server total %.4f s\n",
+                resp.model_version().c_str(), resp.timings().batch_size(), resp.timings().queue_seconds(),
+                resp.timings().compute_seconds(), resp.timings().total_seconds());
+  }
+  return kExitOk;
+}
