@@ -1,0 +1,159 @@
+#include "trainer/batch_loader.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "trainer/sampler.h"
+
+namespace cosmoflow {
+namespace {
+
+class BatchLoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/cf-loader-test-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    path_ = dir_ + "/train.h5";
+    DatasetInfo info;
+    info.shape = {1, 4, 4, 4};
+    info.param_names = {"sigma_8", "Omega_M", "n_s"};  // deliberately not the spec's order
+    info.param_units = {"", "", ""};
+    info.redshifts = {0.0};  // DatasetWriter fails on an empty list (reported)
+    info.generator = "batch_loader_test";
+    auto w = DatasetWriter::Create(path_, info);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (int i = 0; i < kN; ++i) {
+      Cube c(info.shape, DType::kInt16);
+      for (int k = 0; k < 64; ++k) c.int16_data()[k] = static_cast<int16_t>(i * 100 + k);
+      ASSERT_TRUE((*w)->Append(c, {0.8f + 0.01f * i, 0.3f, 0.95f}).ok());
+    }
+    ASSERT_TRUE((*w)->Close().ok());
+    auto ds = Dataset::Open(path_);
+    ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+    dataset_ = std::move(ds).value();
+    spec_.name = "test";
+    spec_.outputs = CosmoFlowOutputs(3);  // Omega_M, sigma_8, n_s
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  LoaderConfig Config(bool augment) {
+    LoaderConfig c;
+    c.batch = 2;
+    c.queue_depth = 2;
+    c.augment = augment;
+    c.seed = 3;
+    c.transform = InputTransform::kLog1p;
+    auto labels = MakeLabelMap(spec_, dataset_->info(), "test");
+    EXPECT_TRUE(labels.ok()) << labels.status().ToString();
+    c.labels = *labels;
+    return c;
+  }
+  BatchPlan Plan() {
+    BatchPlan p;
+    p.num_batches = 4;
+    p.indices = [](int64_t k) { return std::vector<int64_t>{(2 * k + 1) % kN, (2 * k) % kN}; };
+    p.epoch = [](int64_t) { return 0; };
+    return p;
+  }
+
+  static constexpr int kN = 6;
+  std::string dir_, path_;
+  std::unique_ptr<Dataset> dataset_;
+  ModelSpec spec_;
+};
+
+TEST_F(BatchLoaderTest, BatchesArriveInPlanOrderTransformedAndNormalised) {
+  auto source = MakeDatasetSource(dataset_.get());
+  BatchLoader loader(source.get(), Plan(), Config(false));
+  for (int k = 0; k < 4; ++k) {
+    double wait = 0;
+    const Batch* b = loader.Next(&wait);
+    ASSERT_NE(b, nullptr);
+    ASSERT_TRUE(b->status.ok()) << b->status.ToString();
+    EXPECT_EQ(b->number, k);
+    const int64_t first = (2 * k + 1) % kN;
+    EXPECT_EQ(b->indices[0], first);
+    EXPECT_FLOAT_EQ(b->src[5], std::log1p(static_cast<float>(first * 100 + 5)));
+    // Output 0 is Omega_M = 0.3 -> (0.3 - 0.30) / 0.05 = 0; output 1 is sigma_8 from column 0.
+    EXPECT_NEAR(b->labels[0], 0.0f, 1e-5);
+    EXPECT_NEAR(b->labels[1], (0.8f + 0.01f * first - 0.865f) / 0.085f, 1e-5);
+    EXPECT_NEAR(b->physical[1], 0.8f + 0.01f * first, 1e-6);
+    loader.Release(b);
+  }
+  EXPECT_EQ(loader.Next(nullptr), nullptr);
+}
+
+TEST_F(BatchLoaderTest, AugmentationPermutesVoxelsDeterministically) {
+  auto source = MakeDatasetSource(dataset_.get());
+  BatchLoader plain(source.get(), Plan(), Config(false));
+  BatchLoader a1(source.get(), Plan(), Config(true));
+  BatchLoader a2(source.get(), Plan(), Config(true));
+  int changed = 0;
+  for (int k = 0; k < 4; ++k) {
+    const Batch* p = plain.Next(nullptr);
+    const Batch* x = a1.Next(nullptr);
+    const Batch* y = a2.Next(nullptr);
+    EXPECT_EQ(x->src, y->src);  // same seed, same symmetries
+    std::vector<float> ps(p->src), xs(x->src);
+    if (ps != xs) ++changed;
+    std::sort(ps.begin(), ps.end());
+    std::sort(xs.begin(), xs.end());
+    EXPECT_EQ(ps, xs);  // a symmetry only moves voxels
+    EXPECT_EQ(p->labels, x->labels);
+    plain.Release(p);
+    a1.Release(x);
+    a2.Release(y);
+  }
+  EXPECT_GT(changed, 0);
+}
+
+TEST_F(BatchLoaderTest, MemoryStagingGivesTheSameBatchesAndRefusesUnstagedSamples) {
+  auto disk = MakeDatasetSource(dataset_.get());
+  auto all = StageInMemory(*dataset_, {0, 1, 2, 3, 4, 5});
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  BatchLoader a(disk.get(), Plan(), Config(false)), b(all->get(), Plan(), Config(false));
+  for (int k = 0; k < 4; ++k) {
+    const Batch* x = a.Next(nullptr);
+    const Batch* y = b.Next(nullptr);
+    EXPECT_EQ(x->src, y->src);
+    EXPECT_EQ(x->labels, y->labels);
+    a.Release(x);
+    b.Release(y);
+  }
+  auto part = StageInMemory(*dataset_, {0, 2});
+  ASSERT_TRUE(part.ok());
+  BatchLoader c(part->get(), Plan(), Config(false));
+  const Batch* x = c.Next(nullptr);  // needs sample 1
+  ASSERT_NE(x, nullptr);
+  EXPECT_FALSE(x->status.ok());
+  EXPECT_NE(x->status.message().find("not staged"), std::string::npos);
+  c.Release(x);
+}
+
+TEST_F(BatchLoaderTest, MissingParameterNamesAreAnError) {
+  ModelSpec spec = spec_;
+  spec.outputs = CosmoFlowOutputs(4);  // wants H0 too
+  auto m = MakeLabelMap(spec, dataset_->info(), "--train x.h5");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("lack the model output 'H0'"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("--train x.h5"), std::string::npos);
+}
+
+TEST_F(BatchLoaderTest, ReaderRunsAheadOfTheConsumer) {
+  auto source = MakeDatasetSource(dataset_.get());
+  BatchLoader loader(source.get(), Plan(), Config(false));
+  usleep(200 * 1000);  // plenty for the producer to fill its queue
+  double wait = 0;
+  for (int k = 0; k < 2; ++k) {
+    const Batch* b = loader.Next(&wait);
+    loader.Release(b);
+  }
+  EXPECT_LT(wait, 0.01) << "prefetched batches should be ready without waiting";
+}
+
+}  // namespace
+}  // namespace cosmoflow
