@@ -58,7 +58,7 @@ class WireReader {
 
   // Reads a tag; *field and *wire_type are its parts.
   Status Tag(int* field, int* wire_type) {
-    uint64_t tag;
+    uint64_t tag = 0;
     CF_RETURN_IF_ERROR(Varint(&tag));
     *field = static_cast<int>(tag >> 3);
     *wire_type = static_cast<int>(tag & 7);
@@ -67,7 +67,7 @@ class WireReader {
   }
 
   Status Bytes(std::string_view* out) {
-    uint64_t n;
+    uint64_t n = 0;
     CF_RETURN_IF_ERROR(Varint(&n));
     if (n > data_.size() - pos_) {
       return Error("length " + std::to_string(n) + " runs past the end (" +
@@ -88,7 +88,7 @@ class WireReader {
   Status Skip(int wire_type) {
     switch (wire_type) {
       case 0: {
-        uint64_t v;
+        uint64_t v = 0;
         return Varint(&v);
       }
       case 1:
@@ -100,7 +100,7 @@ class WireReader {
         return Bytes(&v);
       }
       case 5: {
-        uint32_t v;
+        uint32_t v = 0;
         return Fixed32(&v);
       }
       default:
@@ -129,7 +129,7 @@ Status ParseFloatList(std::string_view data, std::vector<float>* out) {
       out->resize(old + packed.size() / 4);
       std::memcpy(out->data() + old, packed.data(), packed.size());
     } else if (wt == 5) {
-      uint32_t bits;
+      uint32_t bits = 0;
       CF_RETURN_IF_ERROR(r.Fixed32(&bits));
       float f;
       std::memcpy(&f, &bits, 4);
@@ -153,12 +153,12 @@ Status ParseInt64List(std::string_view data, std::vector<int64_t>* out) {
       CF_RETURN_IF_ERROR(r.Bytes(&packed));
       WireReader p(packed, "Int64List packed values");
       while (!p.done()) {
-        uint64_t v;
+        uint64_t v = 0;
         CF_RETURN_IF_ERROR(p.Varint(&v));
         out->push_back(static_cast<int64_t>(v));
       }
     } else if (wt == 0) {
-      uint64_t v;
+      uint64_t v = 0;
       CF_RETURN_IF_ERROR(r.Varint(&v));
       out->push_back(static_cast<int64_t>(v));
     } else {

@@ -1,0 +1,227 @@
+#include "synth/importer.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <optional>
+
+#include "core/base/log.h"
+#include "core/io/dataset.h"
+#include "synth/mlperf.h"
+#include "synth/tfrecord.h"
+
+#ifndef COSMOFLOW_GIT_REV
+#define COSMOFLOW_GIT_REV "unknown"
+#endif
+
+namespace cosmoflow {
+namespace synth {
+namespace {
+
+// Everything read from one input file: decoded samples and the errors met on the way.
+struct FileResult {
+  std::string path;
+  std::vector<MlperfSample> samples;
+  std::vector<std::pair<int64_t, Status>> errors;  // (record number, error)
+  int64_t compressed_bytes = 0;
+  int64_t uncompressed_bytes = 0;
+};
+
+FileResult ReadFile(const std::string& path, int side) {
+  FileResult r;
+  r.path = path;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) r.compressed_bytes = st.st_size;
+  auto reader = TfRecordReader::Open(path);
+  if (!reader.ok()) {
+    r.errors.emplace_back(0, reader.status());
+    return r;
+  }
+  std::string record;
+  while (true) {
+    bool eof = false;
+    const int64_t number = (*reader)->records_read();
+    Status s = (*reader)->Next(&record, &eof);
+    if (!s.ok()) {
+      // The framing is broken: nothing after this point can be trusted.
+      r.errors.emplace_back(number, s);
+      break;
+    }
+    if (eof) break;
+    auto sample = DecodeMlperfExample(record, side);
+    if (!sample.ok()) {
+      r.errors.emplace_back(number, sample.status().WithContext(path + ": record " +
+                                                                std::to_string(number)));
+      continue;
+    }
+    r.samples.push_back(std::move(sample).value());
+  }
+  r.uncompressed_bytes = (*reader)->uncompressed_offset();
+  if (r.samples.empty() && r.errors.empty()) {
+    r.errors.emplace_back(0, DataLossError(path + ": no records"));
+  }
+  return r;
+}
+
+std::string ShardName(const ImportOptions& o, int64_t first_file) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "-%08lld.h5", static_cast<long long>(first_file));
+  return o.out_dir + "/" + o.prefix + buf;
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> ReadFileList(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError(path + ": cannot open file list");
+  std::vector<std::string> files;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) {
+      line.pop_back();
+    }
+    if (line.empty() || line[0] == '#') continue;
+    files.push_back(line);
+  }
+  return files;
+}
+
+Status ImportMlperf(const std::vector<std::string>& files, const ImportOptions& o,
+                    ImportStats* stats) {
+  *stats = ImportStats();
+  if (o.out_dir.empty()) return InvalidArgumentError("import: no output directory (--out)");
+  if (o.files_per_shard < 1) return InvalidArgumentError("import: files per shard must be >= 1");
+  if (o.compression_level < 0 || o.compression_level > 9) {
+    return InvalidArgumentError("import: compression level must be 0..9");
+  }
+  if (o.prefix.empty() || o.prefix.find('/') != std::string::npos) {
+    return InvalidArgumentError("import: prefix '" + o.prefix + "' must be a non-empty file name");
+  }
+  if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return FailedPreconditionError(o.out_dir + ": cannot create directory: " + std::strerror(errno));
+  }
+  std::unique_ptr<std::ofstream> report;
+  if (!o.report_path.empty()) {
+    report = std::make_unique<std::ofstream>(o.report_path);
+    if (!*report) return FailedPreconditionError(o.report_path + ": cannot write the report");
+    *report << "file\trecord\tstatus\tshard\tindex\tmessage\n";
+  }
+
+  DatasetInfo info;
+  info.shape = CubeShape{kMlperfChannels, o.side, o.side, o.side};
+  for (int p = 0; p < kMlperfParams; ++p) {
+    info.param_names.push_back(kMlperfParamNames[p]);
+    info.param_units.push_back(kMlperfParamUnits[p]);
+  }
+  info.redshifts.assign(kMlperfRedshifts.begin(), kMlperfRedshifts.end());
+  info.box_size_mpc_h = kMlperfNominalBoxMpcH * o.side / kMlperfSide;
+  info.generator = "import mlperf-tfrecord (cosmoflow-import " COSMOFLOW_GIT_REV ")";
+  info.has_unit_params = true;
+  DatasetWriteOptions write_options;
+  write_options.compression_level = o.compression_level;
+
+  const auto start = std::chrono::steady_clock::now();
+  auto last_progress = start;
+  std::unique_ptr<DatasetWriter> writer;
+  std::string shard_path;
+  auto close_shard = [&]() -> Status {
+    if (!writer) return Status::Ok();
+    Status s = writer->Close();
+    writer.reset();
+    if (!s.ok()) return s.WithContext("import: closing " + shard_path);
+    stats->shards.push_back(shard_path);
+    return Status::Ok();
+  };
+
+  const int side = o.side;
+  std::future<FileResult> next;
+  if (!files.empty()) next = std::async(std::launch::async, ReadFile, files[0], side);
+  for (size_t f = 0; f < files.size(); ++f) {
+    FileResult r = next.get();
+    if (f + 1 < files.size()) next = std::async(std::launch::async, ReadFile, files[f + 1], side);
+    const size_t group = f / o.files_per_shard;
+    if (f % o.files_per_shard == 0) {
+      CF_RETURN_IF_ERROR(close_shard());
+    }
+    ++stats->files;
+    stats->compressed_bytes += r.compressed_bytes;
+    stats->uncompressed_bytes += r.uncompressed_bytes;
+    if (!r.errors.empty()) ++stats->files_with_errors;
+    for (const auto& [record, error] : r.errors) {
+      const std::string line = error.message();
+      if (report) *report << r.path << '\t' << record << "\tskipped\t\t\t" << line << '\n';
+      if (!o.skip_corrupt) {
+        if (report) report->flush();
+        // Wait for the prefetch so no thread outlives the call.
+        if (next.valid()) next.wait();
+        return Status(error.code(), line + " (use --skip-corrupt to skip bad records)");
+      }
+      CF_LOG(WARNING) << "import: skipping " << line;
+      stats->errors.push_back(line);
+      ++stats->skipped_records;
+    }
+    for (size_t i = 0; i < r.samples.size(); ++i) {
+      if (!writer) {
+        // The shard's sources: the files of this group (one record each in the MLPerf set).
+        const size_t first = group * o.files_per_shard;
+        const size_t last = std::min(files.size(), first + o.files_per_shard);
+        std::string sources;
+        for (size_t k = first; k < last; ++k) sources += "\n  " + files[k];
+        info.provenance = "cosmoflow-import (git " COSMOFLOW_GIT_REV ")\ncommand: " +
+                          o.command_line +
+                          "\nlabels: params = p0 (1 + 0.1 unitPar), p0 = (0.3, 0.8, 0.96, 70); "
+                          "params_unit = unitPar as stored\nbox: 128 voxels span 128 H0/70 Mpc/h "
+                          "(box_size_mpc_h is the nominal value at H0 = 70)\nsource files "
+                          "(corrupt records are skipped and reported):" +
+                          sources;
+        shard_path = ShardName(o, o.first_file_number + static_cast<int64_t>(first));
+        auto w = DatasetWriter::Create(shard_path, info, write_options);
+        if (!w.ok()) {
+          if (next.valid()) next.wait();
+          return w.status().WithContext("import");
+        }
+        writer = std::move(w).value();
+      }
+      const MlperfSample& s = r.samples[i];
+      std::vector<float> params(s.physical.begin(), s.physical.end());
+      std::vector<float> unit(s.unit.begin(), s.unit.end());
+      Status st = writer->Append(s.cube, params, unit);
+      if (!st.ok()) {
+        if (next.valid()) next.wait();
+        return st.WithContext("import: " + shard_path);
+      }
+      if (report) {
+        *report << r.path << '\t' << i << "\timported\t" << shard_path << '\t'
+                << writer->count() - 1 << "\t\n";
+      }
+      ++stats->records;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (o.progress && (std::chrono::duration<double>(now - last_progress).count() > 2.0 ||
+                       f + 1 == files.size())) {
+      last_progress = now;
+      const double t = std::chrono::duration<double>(now - start).count();
+      const double rate = (f + 1) / t;
+      const double eta = (files.size() - f - 1) / rate;
+      std::fprintf(stderr,
+                   "import: %zu/%zu files, %lld records, %lld skipped, %.1f files/s, %.0f MB/s "
+                   "(uncompressed), ETA %.0f s\n",
+                   f + 1, files.size(), static_cast<long long>(stats->records),
+                   static_cast<long long>(stats->skipped_records), rate,
+                   stats->uncompressed_bytes / 1e6 / t, eta);
+    }
+  }
+  CF_RETURN_IF_ERROR(close_shard());
+  stats->seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::Ok();
+}
+
+}  // namespace synth
+}  // namespace cosmoflow
