@@ -1,4 +1,4 @@
-#include "trainer/lr_schedule.h"
+#include "trainer/lr_recipe.h"
 
 #include <algorithm>
 
@@ -20,7 +20,7 @@ const char* LrRecipeName(LrRecipe recipe) {
   return "?";
 }
 
-StatusOr<LrSchedule> LrSchedule::Create(const LrScheduleConfig& config, int global_batch,
+StatusOr<LrRecipeSchedule> LrRecipeSchedule::Create(const LrRecipeConfig& config, int global_batch,
                                         int64_t steps_per_epoch, int64_t total_steps) {
   if (!(config.base_lr > 0)) return InvalidArgumentError("--lr must be > 0");
   if (config.end_lr < 0) return InvalidArgumentError("--end-lr must be >= 0");
@@ -38,7 +38,7 @@ StatusOr<LrSchedule> LrSchedule::Create(const LrScheduleConfig& config, int glob
   if (steps_per_epoch < 1 || total_steps < 0 || global_batch < 1) {
     return InvalidArgumentError("LR schedule: bad steps per epoch, total steps or batch");
   }
-  LrSchedule s;
+  LrRecipeSchedule s;
   s.config_ = config;
   s.steps_per_epoch_ = steps_per_epoch;
   s.total_steps_ = std::max<int64_t>(total_steps, 1);
@@ -48,7 +48,7 @@ StatusOr<LrSchedule> LrSchedule::Create(const LrScheduleConfig& config, int glob
   return s;
 }
 
-double LrSchedule::At(int64_t step) const {
+double LrRecipeSchedule::At(int64_t step) const {
   switch (config_.recipe) {
     case LrRecipe::kConstant:
       return config_.base_lr;

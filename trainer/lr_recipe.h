@@ -20,7 +20,7 @@ enum class LrRecipe { kMlperf, kSc18, kConstant };
 StatusOr<LrRecipe> ParseLrRecipe(const std::string& name);  // "mlperf" | "sc18" | "constant"
 const char* LrRecipeName(LrRecipe recipe);
 
-struct LrScheduleConfig {
+struct LrRecipeConfig {
   LrRecipe recipe = LrRecipe::kMlperf;
   double base_lr = 0.001;
   int base_batch = 64;               // kMlperf: the batch at which base_lr applies
@@ -30,16 +30,16 @@ struct LrScheduleConfig {
   double end_lr = 0;                 // kSc18: LR at the last step
 };
 
-class LrSchedule {
+class LrRecipeSchedule {
  public:
   // Checks the config (positive LR, ascending decay epochs, matching lengths).
-  static StatusOr<LrSchedule> Create(const LrScheduleConfig& config, int global_batch,
+  static StatusOr<LrRecipeSchedule> Create(const LrRecipeConfig& config, int global_batch,
                                      int64_t steps_per_epoch, int64_t total_steps);
   double At(int64_t step) const;
   double peak_lr() const { return peak_lr_; }
 
  private:
-  LrScheduleConfig config_;
+  LrRecipeConfig config_;
   double peak_lr_ = 0;
   int64_t steps_per_epoch_ = 1;
   int64_t total_steps_ = 1;

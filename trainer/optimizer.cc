@@ -30,9 +30,9 @@ Status LoadInto(std::vector<NamedTensor>& dst, const std::vector<NamedTensor>& s
   return Status::Ok();
 }
 
-class Sgd final : public Optimizer {
+class Sgd final : public TrainerOptimizer {
  public:
-  Sgd(OptimizerConfig c, const std::vector<Parameter>& params) : Optimizer(std::move(c)) {
+  Sgd(TrainerOptimizerConfig c, const std::vector<Parameter>& params) : TrainerOptimizer(std::move(c)) {
     velocity_.Add("sgd.momentum.", params);
   }
   void Step(std::vector<Parameter>& params, double lr) override {
@@ -58,9 +58,9 @@ class Sgd final : public Optimizer {
   StateSet velocity_;
 };
 
-class Adam final : public Optimizer {
+class Adam final : public TrainerOptimizer {
  public:
-  Adam(OptimizerConfig c, const std::vector<Parameter>& params) : Optimizer(std::move(c)) {
+  Adam(TrainerOptimizerConfig c, const std::vector<Parameter>& params) : TrainerOptimizer(std::move(c)) {
     m_.Add("adam.m.", params);
     v_.Add("adam.v.", params);
   }
@@ -110,10 +110,10 @@ class Adam final : public Optimizer {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config,
+StatusOr<std::unique_ptr<TrainerOptimizer>> TrainerOptimizer::Create(const TrainerOptimizerConfig& config,
                                                        const std::vector<Parameter>& params) {
-  if (config.name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(config, params));
-  if (config.name == "adam") return std::unique_ptr<Optimizer>(new Adam(config, params));
+  if (config.name == "sgd") return std::unique_ptr<TrainerOptimizer>(new Sgd(config, params));
+  if (config.name == "adam") return std::unique_ptr<TrainerOptimizer>(new Adam(config, params));
   return InvalidArgumentError("unknown optimizer '" + config.name + "' (expected sgd or adam)");
 }
 

@@ -16,18 +16,18 @@
 
 namespace cosmoflow {
 
-struct OptimizerConfig {
+struct TrainerOptimizerConfig {
   std::string name = "sgd";   // "sgd" | "adam"
   double momentum = 0.9;      // sgd
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;  // adam
   double weight_decay = 0;    // added to the gradient as wd * w (L2), both optimizers
 };
 
-class Optimizer {
+class TrainerOptimizer {
  public:
-  static StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config,
+  static StatusOr<std::unique_ptr<TrainerOptimizer>> Create(const TrainerOptimizerConfig& config,
                                                      const std::vector<Parameter>& params);
-  virtual ~Optimizer() = default;
+  virtual ~TrainerOptimizer() = default;
   const std::string& name() const { return config_.name; }
   // One update of every parameter from its grad with learning rate `lr`.
   virtual void Step(std::vector<Parameter>& params, double lr) = 0;
@@ -36,8 +36,8 @@ class Optimizer {
   virtual Status LoadState(const std::vector<NamedTensor>& state) = 0;
 
  protected:
-  explicit Optimizer(OptimizerConfig config) : config_(std::move(config)) {}
-  OptimizerConfig config_;
+  explicit TrainerOptimizer(TrainerOptimizerConfig config) : config_(std::move(config)) {}
+  TrainerOptimizerConfig config_;
 };
 
 }  // namespace cosmoflow

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/base/status.h"
-#include "trainer/lr_schedule.h"
+#include "trainer/lr_recipe.h"
 #include "trainer/sampler.h"
 
 namespace cosmoflow {
@@ -31,7 +31,7 @@ struct TrainerOptions {
   std::string optimizer;            // "" = the recipe's (mlperf: sgd, sc18: adam, constant: sgd)
   double momentum = 0.9;
   double weight_decay = 0;
-  LrScheduleConfig lr;
+  LrRecipeConfig lr;
   // Input pipeline.
   bool augment = false;
   std::string stage = "none";       // none | memory | a directory (node-local disk)

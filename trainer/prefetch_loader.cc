@@ -1,4 +1,4 @@
-#include "trainer/batch_loader.h"
+#include "trainer/prefetch_loader.h"
 
 #include <algorithm>
 #include <cctype>
@@ -110,13 +110,13 @@ StatusOr<LabelMap> MakeLabelMap(const ModelSpec& spec, const DatasetInfo& info, 
   return map;
 }
 
-BatchLoader::BatchLoader(const SampleSource* source, BatchPlan plan, LoaderConfig config)
+PrefetchLoader::PrefetchLoader(const SampleSource* source, BatchPlan plan, PrefetchConfig config)
     : source_(source), plan_(std::move(plan)), config_(std::move(config)) {
   const int64_t elements = source_->info().shape.elements();
   const size_t outputs = config_.labels.column.size();
   const int depth = std::max(1, config_.queue_depth);
   for (int i = 0; i < depth + 1; ++i) {
-    auto b = std::make_unique<Batch>();
+    auto b = std::make_unique<PrefetchedBatch>();
     b->src.resize(static_cast<size_t>(config_.batch) * elements);
     b->labels.resize(config_.batch * outputs);
     b->physical.resize(config_.batch * outputs);
@@ -127,7 +127,7 @@ BatchLoader::BatchLoader(const SampleSource* source, BatchPlan plan, LoaderConfi
   thread_ = std::thread([this] { Produce(); });
 }
 
-BatchLoader::~BatchLoader() {
+PrefetchLoader::~PrefetchLoader() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -136,7 +136,7 @@ BatchLoader::~BatchLoader() {
   thread_.join();
 }
 
-void BatchLoader::Fill(Batch* batch, int64_t k, std::vector<int16_t>& counts,
+void PrefetchLoader::Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>& counts,
                        std::vector<int16_t>& rotated) {
   const DatasetInfo& info = source_->info();
   const CubeShape shape = info.shape;
@@ -173,11 +173,11 @@ void BatchLoader::Fill(Batch* batch, int64_t k, std::vector<int16_t>& counts,
   }
 }
 
-void BatchLoader::Produce() {
+void PrefetchLoader::Produce() {
   const int64_t elements = source_->info().shape.elements();
   std::vector<int16_t> counts(elements), rotated(config_.augment ? elements : 0);
   for (int64_t k = 0; k < plan_.num_batches; ++k) {
-    Batch* slot = nullptr;
+    PrefetchedBatch* slot = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !free_.empty(); });
@@ -195,11 +195,11 @@ void BatchLoader::Produce() {
   }
 }
 
-const Batch* BatchLoader::Next(double* wait_seconds) {
+const PrefetchedBatch* PrefetchLoader::Next(double* wait_seconds) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !ready_.empty() || produced_ == plan_.num_batches; });
-  Batch* b = nullptr;
+  PrefetchedBatch* b = nullptr;
   if (!ready_.empty()) {
     b = ready_.front();
     ready_.pop_front();
@@ -211,11 +211,11 @@ const Batch* BatchLoader::Next(double* wait_seconds) {
   return b;
 }
 
-void BatchLoader::Release(const Batch* batch) {
+void PrefetchLoader::Release(const PrefetchedBatch* batch) {
   if (!batch) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(const_cast<Batch*>(batch));
+    free_.push_back(const_cast<PrefetchedBatch*>(batch));
   }
   cv_.notify_all();
 }

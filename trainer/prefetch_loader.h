@@ -60,7 +60,7 @@ struct BatchPlan {
   std::function<int(int64_t k)> valid;
 };
 
-struct LoaderConfig {
+struct PrefetchConfig {
   int batch = 1;
   int queue_depth = 2;
   bool augment = false;
@@ -69,7 +69,7 @@ struct LoaderConfig {
   LabelMap labels;
 };
 
-struct Batch {
+struct PrefetchedBatch {
   int64_t number = 0;                 // k in the plan
   std::vector<int64_t> indices;       // dataset sample indices
   int valid = 0;
@@ -79,30 +79,30 @@ struct Batch {
   Status status;                      // a read error for this batch (then the data is undefined)
 };
 
-class BatchLoader {
+class PrefetchLoader {
  public:
   // `source` must outlive the loader. Starts the producer thread at once.
-  BatchLoader(const SampleSource* source, BatchPlan plan, LoaderConfig config);
-  ~BatchLoader();  // stops and joins the producer
-  BatchLoader(const BatchLoader&) = delete;
-  BatchLoader& operator=(const BatchLoader&) = delete;
+  PrefetchLoader(const SampleSource* source, BatchPlan plan, PrefetchConfig config);
+  ~PrefetchLoader();  // stops and joins the producer
+  PrefetchLoader(const PrefetchLoader&) = delete;
+  PrefetchLoader& operator=(const PrefetchLoader&) = delete;
 
   // The next batch in plan order, or nullptr after the last. Adds the time spent blocked to *wait.
-  const Batch* Next(double* wait_seconds);
+  const PrefetchedBatch* Next(double* wait_seconds);
   // Returns a batch's buffer to the pool; call before the next Next() that would need it.
-  void Release(const Batch* batch);
+  void Release(const PrefetchedBatch* batch);
 
  private:
   void Produce();
-  void Fill(Batch* batch, int64_t k, std::vector<int16_t>& counts, std::vector<int16_t>& rotated);
+  void Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>& counts, std::vector<int16_t>& rotated);
 
   const SampleSource* source_;
   BatchPlan plan_;
-  LoaderConfig config_;
-  std::vector<std::unique_ptr<Batch>> slots_;
+  PrefetchConfig config_;
+  std::vector<std::unique_ptr<PrefetchedBatch>> slots_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Batch*> free_, ready_;
+  std::deque<PrefetchedBatch*> free_, ready_;
   bool stop_ = false;
   int64_t produced_ = 0;
   std::thread thread_;

@@ -21,9 +21,9 @@
 #include "core/nn/checkpoint.h"
 #include "core/nn/network.h"
 #include "core/nn/spec.h"
-#include "trainer/batch_loader.h"
+#include "trainer/prefetch_loader.h"
 #include "trainer/grad_allreducer.h"
-#include "trainer/lr_schedule.h"
+#include "trainer/lr_recipe.h"
 #include "trainer/optimizer.h"
 #include "trainer/run_log.h"
 #include "trainer/sampler.h"
@@ -191,9 +191,9 @@ class Trainer {
   LabelMap train_labels_, val_labels_;
   std::unique_ptr<EpochSampler> sampler_;
   std::unique_ptr<Network> net_, val_net_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<TrainerOptimizer> optimizer_;
   std::unique_ptr<GradientAllreducer> reducer_;
-  std::unique_ptr<LrSchedule> schedule_;
+  std::unique_ptr<LrRecipeSchedule> schedule_;
   std::unique_ptr<RunLog> log_;
   std::string ckpt_dir_;
   uint64_t seed_ = 1;
@@ -318,17 +318,17 @@ Status Trainer::Setup() {
   net_->InitParameters(seed_);
   net_->ParametersUpdated();
 
-  OptimizerConfig oc;
+  TrainerOptimizerConfig oc;
   oc.name = opt_.optimizer;
   oc.momentum = opt_.momentum;
   oc.weight_decay = opt_.weight_decay;
-  auto optimizer = Optimizer::Create(oc, net_->parameters());
+  auto optimizer = TrainerOptimizer::Create(oc, net_->parameters());
   CF_RETURN_IF_ERROR(AgreeOnStatus(optimizer.status(), world_.comm));
   optimizer_ = std::move(optimizer).value();
 
-  auto schedule = LrSchedule::Create(opt_.lr, sampler_->global_batch(), steps_per_epoch_, total_steps_);
+  auto schedule = LrRecipeSchedule::Create(opt_.lr, sampler_->global_batch(), steps_per_epoch_, total_steps_);
   CF_RETURN_IF_ERROR(AgreeOnStatus(schedule.status(), world_.comm));
-  schedule_ = std::make_unique<LrSchedule>(*schedule);
+  schedule_ = std::make_unique<LrRecipeSchedule>(*schedule);
 
   reducer_ = std::make_unique<GradientAllreducer>(&net_->parameters(), world_.comm,
                                                   static_cast<int64_t>(opt_.bucket_mb * (1 << 20)));
@@ -458,14 +458,14 @@ StatusOr<ValResult> Trainer::Validate() {
       return out;
     };
     plan.valid = [b, n](int64_t k) { return static_cast<int>(std::min<int64_t>(b, n - k * b)); };
-    LoaderConfig lc;
+    PrefetchConfig lc;
     lc.batch = b;
     lc.queue_depth = opt_.prefetch;
     lc.transform = spec_.input_transform;
     lc.labels = val_labels_;
-    BatchLoader loader(val_source_.get(), plan, lc);
+    PrefetchLoader loader(val_source_.get(), plan, lc);
     std::vector<float> pred(static_cast<size_t>(b) * outputs);
-    while (const Batch* batch = loader.Next(nullptr)) {
+    while (const PrefetchedBatch* batch = loader.Next(nullptr)) {
       if (!batch->status.ok()) {
         local = batch->status.WithContext("--val " + opt_.val_path);
         loader.Release(batch);
@@ -633,14 +633,14 @@ int Trainer::Run() {
     return sampler.LocalBatch(step / spe, step % spe);
   };
   plan.epoch = [spe, first](int64_t k) { return (first + k) / spe; };
-  LoaderConfig lc;
+  PrefetchConfig lc;
   lc.batch = opt_.batch;
   lc.queue_depth = opt_.prefetch;
   lc.augment = opt_.augment;
   lc.seed = seed_;
   lc.transform = spec_.input_transform;
   lc.labels = train_labels_;
-  BatchLoader loader(train_source_.get(), plan, lc);
+  PrefetchLoader loader(train_source_.get(), plan, lc);
 
   const size_t outputs = spec_.outputs.size();
   std::vector<float> pred(opt_.batch * outputs), diff(opt_.batch * outputs);
@@ -654,7 +654,7 @@ int Trainer::Run() {
   while (step_ < total_steps_) {
     const auto t0 = Clock::now();
     double wait = 0;
-    const Batch* batch = loader.Next(&wait);
+    const PrefetchedBatch* batch = loader.Next(&wait);
     Status local = batch ? batch->status : InternalError("input pipeline ended before step " + std::to_string(step_));
     if (step_ == opt_.debug_die_at_step && world_.rank == opt_.debug_die_rank) {
       std::fprintf(stderr, "cosmoflow-train: rank %d: --debug-die-at-step=%lld: dying now\n", world_.rank,

@@ -1,13 +1,13 @@
-#include "trainer/lr_schedule.h"
+#include "trainer/lr_recipe.h"
 
 #include <gtest/gtest.h>
 
 namespace cosmoflow {
 namespace {
 
-TEST(LrScheduleTest, MlperfScalesWarmsUpAndDecaysInSteps) {
-  LrScheduleConfig c;  // base 0.001 at batch 64, warmup 4 epochs, x0.25 at 32, x0.125 at 64
-  auto s = LrSchedule::Create(c, /*global_batch=*/256, /*steps_per_epoch=*/10, /*total=*/1000);
+TEST(LrRecipeTest, MlperfScalesWarmsUpAndDecaysInSteps) {
+  LrRecipeConfig c;  // base 0.001 at batch 64, warmup 4 epochs, x0.25 at 32, x0.125 at 64
+  auto s = LrRecipeSchedule::Create(c, /*global_batch=*/256, /*steps_per_epoch=*/10, /*total=*/1000);
   ASSERT_TRUE(s.ok());
   EXPECT_DOUBLE_EQ(s->peak_lr(), 0.004);
   EXPECT_DOUBLE_EQ(s->At(0), 0.001);
@@ -18,12 +18,12 @@ TEST(LrScheduleTest, MlperfScalesWarmsUpAndDecaysInSteps) {
   EXPECT_DOUBLE_EQ(s->At(640), 0.0005);
 }
 
-TEST(LrScheduleTest, Sc18DecaysLinearlyToEndLr) {
-  LrScheduleConfig c;
+TEST(LrRecipeTest, Sc18DecaysLinearlyToEndLr) {
+  LrRecipeConfig c;
   c.recipe = LrRecipe::kSc18;
   c.base_lr = 0.002;
   c.end_lr = 0.0002;
-  auto s = LrSchedule::Create(c, 8, 10, 100);
+  auto s = LrRecipeSchedule::Create(c, 8, 10, 100);
   ASSERT_TRUE(s.ok());
   EXPECT_DOUBLE_EQ(s->At(0), 0.002);
   EXPECT_NEAR(s->At(50), 0.0011, 1e-12);
@@ -31,15 +31,15 @@ TEST(LrScheduleTest, Sc18DecaysLinearlyToEndLr) {
   EXPECT_DOUBLE_EQ(s->peak_lr(), 0.002);  // no batch scaling
 }
 
-TEST(LrScheduleTest, BadConfigsAreRejectedWithTheFlagName) {
-  LrScheduleConfig c;
+TEST(LrRecipeTest, BadConfigsAreRejectedWithTheFlagName) {
+  LrRecipeConfig c;
   c.decay_epochs = {10, 5};
   c.decay_factors = {0.5, 0.1};
-  auto s = LrSchedule::Create(c, 8, 10, 100);
+  auto s = LrRecipeSchedule::Create(c, 8, 10, 100);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("--decay-epochs"), std::string::npos);
   c.decay_epochs = {10};
-  EXPECT_FALSE(LrSchedule::Create(c, 8, 10, 100).ok());
+  EXPECT_FALSE(LrRecipeSchedule::Create(c, 8, 10, 100).ok());
   EXPECT_FALSE(ParseLrRecipe("cosine").ok());
 }
 

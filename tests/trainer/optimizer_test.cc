@@ -20,12 +20,12 @@ struct OneParam {
   }
 };
 
-TEST(OptimizerTest, SgdMomentumFollowsTheTextbookRule) {
+TEST(TrainerOptimizerTest, SgdMomentumFollowsTheTextbookRule) {
   OneParam p;
-  OptimizerConfig c;
+  TrainerOptimizerConfig c;
   c.name = "sgd";
   c.momentum = 0.9;
-  auto o = Optimizer::Create(c, p.params);
+  auto o = TrainerOptimizer::Create(c, p.params);
   ASSERT_TRUE(o.ok());
   (*o)->Step(p.params, 0.1);  // v = g; w -= 0.1 g
   EXPECT_FLOAT_EQ(p.value[0], 1.0f - 0.05f);
@@ -37,17 +37,17 @@ TEST(OptimizerTest, SgdMomentumFollowsTheTextbookRule) {
   EXPECT_FLOAT_EQ(state[0].data[1], -1.9f);
 }
 
-TEST(OptimizerTest, AdamFirstStepIsLrTimesSignAndStateRoundTrips) {
+TEST(TrainerOptimizerTest, AdamFirstStepIsLrTimesSignAndStateRoundTrips) {
   OneParam p, q;
-  OptimizerConfig c;
+  TrainerOptimizerConfig c;
   c.name = "adam";
-  auto a = Optimizer::Create(c, p.params);
+  auto a = TrainerOptimizer::Create(c, p.params);
   ASSERT_TRUE(a.ok());
   (*a)->Step(p.params, 0.01);
   EXPECT_NEAR(p.value[0], 1.0f - 0.01f, 1e-6);
   EXPECT_NEAR(p.value[1], -2.0f + 0.01f, 1e-6);
   // A second optimizer loaded with the first one's state continues identically.
-  auto b = Optimizer::Create(c, q.params);
+  auto b = TrainerOptimizer::Create(c, q.params);
   ASSERT_TRUE((*b)->LoadState((*a)->ExportState()).ok());
   q.value = p.value;
   q.params[0].value = q.value.data();
@@ -61,7 +61,7 @@ TEST(OptimizerTest, AdamFirstStepIsLrTimesSignAndStateRoundTrips) {
   Status s = (*b)->LoadState(sgd_state);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("adam.m.w"), std::string::npos);
-  EXPECT_FALSE(Optimizer::Create(OptimizerConfig{"lamb"}, p.params).ok());
+  EXPECT_FALSE(TrainerOptimizer::Create(TrainerOptimizerConfig{"lamb"}, p.params).ok());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "trainer/batch_loader.h"
+#include "trainer/prefetch_loader.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 namespace cosmoflow {
 namespace {
 
-class BatchLoaderTest : public ::testing::Test {
+class PrefetchLoaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/cf-loader-test-XXXXXX";
@@ -23,7 +23,7 @@ class BatchLoaderTest : public ::testing::Test {
     info.param_names = {"sigma_8", "Omega_M", "n_s"};  // deliberately not the spec's order
     info.param_units = {"", "", ""};
     info.redshifts = {0.0};  // DatasetWriter fails on an empty list (reported)
-    info.generator = "batch_loader_test";
+    info.generator = "prefetch_loader_test";
     auto w = DatasetWriter::Create(path_, info);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     for (int i = 0; i < kN; ++i) {
@@ -40,8 +40,8 @@ class BatchLoaderTest : public ::testing::Test {
   }
   void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
-  LoaderConfig Config(bool augment) {
-    LoaderConfig c;
+  PrefetchConfig Config(bool augment) {
+    PrefetchConfig c;
     c.batch = 2;
     c.queue_depth = 2;
     c.augment = augment;
@@ -66,12 +66,12 @@ class BatchLoaderTest : public ::testing::Test {
   ModelSpec spec_;
 };
 
-TEST_F(BatchLoaderTest, BatchesArriveInPlanOrderTransformedAndNormalised) {
+TEST_F(PrefetchLoaderTest, BatchesArriveInPlanOrderTransformedAndNormalised) {
   auto source = MakeDatasetSource(dataset_.get());
-  BatchLoader loader(source.get(), Plan(), Config(false));
+  PrefetchLoader loader(source.get(), Plan(), Config(false));
   for (int k = 0; k < 4; ++k) {
     double wait = 0;
-    const Batch* b = loader.Next(&wait);
+    const PrefetchedBatch* b = loader.Next(&wait);
     ASSERT_NE(b, nullptr);
     ASSERT_TRUE(b->status.ok()) << b->status.ToString();
     EXPECT_EQ(b->number, k);
@@ -87,16 +87,16 @@ TEST_F(BatchLoaderTest, BatchesArriveInPlanOrderTransformedAndNormalised) {
   EXPECT_EQ(loader.Next(nullptr), nullptr);
 }
 
-TEST_F(BatchLoaderTest, AugmentationPermutesVoxelsDeterministically) {
+TEST_F(PrefetchLoaderTest, AugmentationPermutesVoxelsDeterministically) {
   auto source = MakeDatasetSource(dataset_.get());
-  BatchLoader plain(source.get(), Plan(), Config(false));
-  BatchLoader a1(source.get(), Plan(), Config(true));
-  BatchLoader a2(source.get(), Plan(), Config(true));
+  PrefetchLoader plain(source.get(), Plan(), Config(false));
+  PrefetchLoader a1(source.get(), Plan(), Config(true));
+  PrefetchLoader a2(source.get(), Plan(), Config(true));
   int changed = 0;
   for (int k = 0; k < 4; ++k) {
-    const Batch* p = plain.Next(nullptr);
-    const Batch* x = a1.Next(nullptr);
-    const Batch* y = a2.Next(nullptr);
+    const PrefetchedBatch* p = plain.Next(nullptr);
+    const PrefetchedBatch* x = a1.Next(nullptr);
+    const PrefetchedBatch* y = a2.Next(nullptr);
     EXPECT_EQ(x->src, y->src);  // same seed, same symmetries
     std::vector<float> ps(p->src), xs(x->src);
     if (ps != xs) ++changed;
@@ -111,14 +111,14 @@ TEST_F(BatchLoaderTest, AugmentationPermutesVoxelsDeterministically) {
   EXPECT_GT(changed, 0);
 }
 
-TEST_F(BatchLoaderTest, MemoryStagingGivesTheSameBatchesAndRefusesUnstagedSamples) {
+TEST_F(PrefetchLoaderTest, MemoryStagingGivesTheSameBatchesAndRefusesUnstagedSamples) {
   auto disk = MakeDatasetSource(dataset_.get());
   auto all = StageInMemory(*dataset_, {0, 1, 2, 3, 4, 5});
   ASSERT_TRUE(all.ok()) << all.status().ToString();
-  BatchLoader a(disk.get(), Plan(), Config(false)), b(all->get(), Plan(), Config(false));
+  PrefetchLoader a(disk.get(), Plan(), Config(false)), b(all->get(), Plan(), Config(false));
   for (int k = 0; k < 4; ++k) {
-    const Batch* x = a.Next(nullptr);
-    const Batch* y = b.Next(nullptr);
+    const PrefetchedBatch* x = a.Next(nullptr);
+    const PrefetchedBatch* y = b.Next(nullptr);
     EXPECT_EQ(x->src, y->src);
     EXPECT_EQ(x->labels, y->labels);
     a.Release(x);
@@ -126,15 +126,15 @@ TEST_F(BatchLoaderTest, MemoryStagingGivesTheSameBatchesAndRefusesUnstagedSample
   }
   auto part = StageInMemory(*dataset_, {0, 2});
   ASSERT_TRUE(part.ok());
-  BatchLoader c(part->get(), Plan(), Config(false));
-  const Batch* x = c.Next(nullptr);  // needs sample 1
+  PrefetchLoader c(part->get(), Plan(), Config(false));
+  const PrefetchedBatch* x = c.Next(nullptr);  // needs sample 1
   ASSERT_NE(x, nullptr);
   EXPECT_FALSE(x->status.ok());
   EXPECT_NE(x->status.message().find("not staged"), std::string::npos);
   c.Release(x);
 }
 
-TEST_F(BatchLoaderTest, MissingParameterNamesAreAnError) {
+TEST_F(PrefetchLoaderTest, MissingParameterNamesAreAnError) {
   ModelSpec spec = spec_;
   spec.outputs = CosmoFlowOutputs(4);  // wants H0 too
   auto m = MakeLabelMap(spec, dataset_->info(), "--train x.h5");
@@ -143,13 +143,13 @@ TEST_F(BatchLoaderTest, MissingParameterNamesAreAnError) {
   EXPECT_NE(m.status().message().find("--train x.h5"), std::string::npos);
 }
 
-TEST_F(BatchLoaderTest, ReaderRunsAheadOfTheConsumer) {
+TEST_F(PrefetchLoaderTest, ReaderRunsAheadOfTheConsumer) {
   auto source = MakeDatasetSource(dataset_.get());
-  BatchLoader loader(source.get(), Plan(), Config(false));
+  PrefetchLoader loader(source.get(), Plan(), Config(false));
   usleep(200 * 1000);  // plenty for the producer to fill its queue
   double wait = 0;
   for (int k = 0; k < 2; ++k) {
-    const Batch* b = loader.Next(&wait);
+    const PrefetchedBatch* b = loader.Next(&wait);
     loader.Release(b);
   }
   EXPECT_LT(wait, 0.01) << "prefetched batches should be ready without waiting";
