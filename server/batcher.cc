@@ -101,13 +101,14 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
   std::vector<InferenceRequest*> live;
   for (auto& r : batch) {
     if (metrics_) metrics_->RecordQueueWait(Seconds(start - r->enqueued));
-    if (r->cancelled && r->cancelled()) {
-      r->done(Status(StatusCode::kCancelled, "the request was cancelled before it was computed"), {});
-    } else if (r->deadline <= wall_now) {
+    // Deadline first: gRPC also marks an expired call cancelled, and the deadline is the reason.
+    if (r->deadline <= wall_now) {
       r->done(Status(StatusCode::kDeadlineExceeded,
                      "the deadline passed after " + std::to_string(Seconds(start - r->enqueued)) +
                          " s in the queue, before the cube was computed"),
               {});
+    } else if (r->cancelled && r->cancelled()) {
+      r->done(Status(StatusCode::kCancelled, "the request was cancelled before it was computed"), {});
     } else if (!model) {
       r->done(UnavailableError("no model is loaded"), {});
     } else {

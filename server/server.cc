@@ -460,13 +460,20 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   if (!server->server_ || server->port_ == 0)
     return UnavailableError("cannot listen on '" + options.address + "' (address in use or invalid?)");
   // Nothing is served until a model is loaded and warmed up.
-  server->server_->GetHealthCheckService()->SetServingStatus(false);
+  server->SetServing(false);
   server->reload_thread_ = std::thread([s = server.get()] { s->ReloadLoop(); });
   CF_LOG(INFO) << "listening on port " << server->port_
                << (options.tls_cert.empty() ? " (plaintext)" : " (TLS)")
                << (options.metrics_address.empty() ? std::string()
                                                    : ", metrics on port " + std::to_string(server->metrics_port()));
   return server;
+}
+
+void InferenceServer::SetServing(bool serving) {
+  // The overall status ("") and the service's own name, which health clients may ask for.
+  auto* health = server_->GetHealthCheckService();
+  health->SetServingStatus(serving);
+  health->SetServingStatus(v1::CosmoFlow::service_full_name(), serving);
 }
 
 InferenceServer::~InferenceServer() { Shutdown(std::chrono::milliseconds(0)); }
@@ -483,7 +490,7 @@ Status InferenceServer::LoadInitialModel() {
   auto model = Reload(options_.checkpoint, &changed);
   if (!model.ok()) return model.status();
   last_latest_ = ReadLatestPointer();
-  server_->GetHealthCheckService()->SetServingStatus(true);
+  SetServing(true);
   return Status::Ok();
 }
 
@@ -581,7 +588,7 @@ void InferenceServer::Shutdown(std::chrono::milliseconds drain) {
     shut_down_ = true;
   }
   if (server_) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
+    SetServing(false);
     // Refuses new calls and waits for in-flight ones (they still need the batcher), cancelling
     // whatever is left at the deadline.
     server_->Shutdown(std::chrono::system_clock::now() + drain);

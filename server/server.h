@@ -92,6 +92,7 @@ class InferenceServer {
   void ReloadLoop();
   Status Install(std::shared_ptr<Model> model);
   std::string ReadLatestPointer() const;
+  void SetServing(bool serving);
 
   ServerOptions options_;
   Metrics metrics_;

@@ -40,6 +40,8 @@ std::string VoxelName(const CubeShape& s, AxisLayout layout, int64_t i) {
 StatusOr<CubeView> ValidateCube(const v1::Cube& cube, const ExpectedInput& expected,
                                 const std::string& field) {
   CubeView view;
+  if (cube.shape().empty() && cube.data().empty() && cube.dtype() == v1::DTYPE_UNSPECIFIED)
+    return InvalidArgumentError(field + " is empty (no shape, dtype or data)");
   switch (cube.dtype()) {
     case v1::DTYPE_INT16: view.dtype = DType::kInt16; break;
     case v1::DTYPE_FLOAT32: view.dtype = DType::kFloat32; break;
@@ -59,8 +61,6 @@ StatusOr<CubeView> ValidateCube(const v1::Cube& cube, const ExpectedInput& expec
   }
 
   const auto& shape = cube.shape();
-  if (shape.empty() && cube.data().empty())
-    return InvalidArgumentError(field + " is empty (no shape and no data)");
   if (shape.size() != 3 && shape.size() != 4)
     return InvalidArgumentError(field + ".shape " + ShapeString(shape) + " has " +
                                 std::to_string(shape.size()) +

@@ -78,7 +78,9 @@ Handle StringType() {
 Status WriteAttr(hid_t obj, const std::string& name, hid_t type, hid_t space, const void* data) {
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
   Handle a(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!a.valid() || H5Awrite(a.get(), type, data) < 0)
+  // An empty list has a NULL dataspace: nothing to write (H5Awrite refuses a null buffer).
+  const bool empty = H5Sget_simple_extent_type(space) == H5S_NULL;
+  if (!a.valid() || (!empty && H5Awrite(a.get(), type, data) < 0))
     return InternalError("cannot write attribute '" + name + "'");
   return Status::Ok();
 }
