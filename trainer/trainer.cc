@@ -384,6 +384,7 @@ Status Trainer::Resume() {
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   net_->ParametersUpdated();
+  net_->SetTrainingStep(static_cast<uint64_t>(ckpt->state.step));  // same dropout masks as without a stop
   step_ = start_step_ = ckpt->state.step;
   samples_seen_ = ckpt->state.samples_seen;
   last_saved_step_ = step_;

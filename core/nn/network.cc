@@ -635,6 +635,7 @@ class NetworkImpl : public Network {
   void Forward(const float* src, float* dst) override;
   void Backward(const float* diff_dst, const std::function<void(int)>& on_grad_ready) override;
 
+  void SetTrainingStep(uint64_t step) override { ctx_.step = step; }
   void SetProfiling(bool on) override { profiling_ = on; }
   std::string ProfileReport() const override;
 

@@ -78,6 +78,10 @@ class Network {
   virtual void Backward(const float* diff_dst,
                         const std::function<void(int)>& on_grad_ready = nullptr) = 0;
 
+  // Number of training Forward() calls so far; it selects the dropout masks. A trainer resuming
+  // after step S sets it to S so that it draws the same masks as an uninterrupted run.
+  virtual void SetTrainingStep(uint64_t step) = 0;
+
   // Per-layer timing of the last Forward/Backward when profiling is on (for the benchmarks).
   virtual void SetProfiling(bool on) = 0;
   virtual std::string ProfileReport() const = 0;
