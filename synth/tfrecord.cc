@@ -344,8 +344,14 @@ StatusOr<std::unique_ptr<TfRecordReader>> TfRecordReader::Open(const std::string
   return r;
 }
 
-Status TfRecordReader::ReadFully(void* dst, size_t n, size_t* got) {
+Status TfRecordReader::ReadFully(void* dst, size_t n, size_t* got, const std::string& where) {
   gzFile f = static_cast<gzFile>(gz_);
+  // zlib's messages start with "<path>: "; the caller's context already names the file.
+  auto zlib_message = [&](const char* msg) {
+    std::string m = msg ? msg : "unknown zlib error";
+    if (m.compare(0, path_.size() + 2, path_ + ": ") == 0) m = m.substr(path_.size() + 2);
+    return m;
+  };
   auto* p = static_cast<char*>(dst);
   size_t total = 0;
   while (total < n) {
@@ -354,10 +360,9 @@ Status TfRecordReader::ReadFully(void* dst, size_t n, size_t* got) {
     const int r = gzread(f, p + total, chunk);
     if (r < 0) {
       int errnum = 0;
-      const char* msg = gzerror(f, &errnum);
       *got = total;
-      return DataLossError(path_ + ": gzip error at byte " + std::to_string(offset_ + total) +
-                           " of the record stream: " + (msg ? msg : "unknown"));
+      return DataLossError(where + ": gzip error after " + std::to_string(total) +
+                           " bytes of this read: " + zlib_message(gzerror(f, &errnum)));
     }
     if (r == 0) break;
     total += static_cast<size_t>(r);
@@ -368,8 +373,8 @@ Status TfRecordReader::ReadFully(void* dst, size_t n, size_t* got) {
     int errnum = 0;
     const char* msg = gzerror(f, &errnum);
     if (errnum != Z_OK && errnum != Z_STREAM_END) {
-      return DataLossError(path_ + ": gzip stream ends early at byte " +
-                           std::to_string(offset_ + total) + " (" + (msg ? msg : "") + ")");
+      return DataLossError(where + ": gzip stream ends early, " + std::to_string(total) + " of " +
+                           std::to_string(n) + " bytes read (" + zlib_message(msg) + ")");
     }
   }
   return Status::Ok();
@@ -381,7 +386,7 @@ Status TfRecordReader::Next(std::string* record, bool* eof) {
                             std::to_string(offset_);
   unsigned char header[12];
   size_t got = 0;
-  CF_RETURN_IF_ERROR(ReadFully(header, sizeof(header), &got));
+  CF_RETURN_IF_ERROR(ReadFully(header, sizeof(header), &got, where));
   if (got == 0) {
     *eof = true;
     return Status::Ok();
@@ -401,13 +406,13 @@ Status TfRecordReader::Next(std::string* record, bool* eof) {
                          std::to_string(kMaxRecordBytes) + " bytes");
   }
   record->resize(length);
-  CF_RETURN_IF_ERROR(ReadFully(record->data(), length, &got));
+  CF_RETURN_IF_ERROR(ReadFully(record->data(), length, &got, where));
   if (got < length) {
     return DataLossError(where + ": truncated data (" + std::to_string(got) + " of " +
                          std::to_string(length) + " bytes)");
   }
   unsigned char footer[4];
-  CF_RETURN_IF_ERROR(ReadFully(footer, 4, &got));
+  CF_RETURN_IF_ERROR(ReadFully(footer, 4, &got, where));
   if (got < 4) {
     return DataLossError(where + ": truncated data CRC (" + std::to_string(got) + " of 4 bytes)");
   }

@@ -49,8 +49,8 @@ class TfRecordReader {
 
  private:
   TfRecordReader() = default;
-  // Reads exactly n bytes unless the stream ends; *got is what was read.
-  Status ReadFully(void* dst, size_t n, size_t* got);
+  // Reads exactly n bytes unless the stream ends; *got is what was read. Errors start with `where`.
+  Status ReadFully(void* dst, size_t n, size_t* got, const std::string& where);
 
   std::string path_;
   void* gz_ = nullptr;  // gzFile

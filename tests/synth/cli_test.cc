@@ -1,0 +1,137 @@
+// The `synth` and `cosmoflow-import` programs, run as a user runs them.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "core/io/dataset.h"
+#include "synth/tfrecord.h"
+#include "test_util.h"
+
+namespace cosmoflow {
+namespace synth {
+namespace {
+
+using testing::ReadAll;
+using testing::RealFiles;
+using testing::TempDir;
+
+const std::string kSynth = std::string(COSMOFLOW_BINARY_DIR) + "/synth/synth";
+const std::string kImport = std::string(COSMOFLOW_BINARY_DIR) + "/synth/cosmoflow-import";
+
+// Runs a shell command; returns its exit status and fills *err with its stderr.
+int RunCommand(const std::string& command, const std::string& err_file, std::string* err = nullptr) {
+  const int rc = std::system((command + " >/dev/null 2>" + err_file).c_str());
+  if (err) *err = ReadAll(err_file);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
+  TempDir dir("synth-cli");
+  const std::string common = " --side 16 --voxel-size 2 --seed 9 --threads 2 --quiet";
+  std::string err;
+  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "a" + " --samples 5 --samples-per-shard 2" + common,
+                dir / "err", &err), 0) << err;
+  for (const char* name : {"synth-00000000.h5", "synth-00000002.h5", "synth-00000004.h5"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir / "a/" + name)) << name;
+  }
+  auto a = Dataset::Open(dir / "a");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_EQ((*a)->size(), 5);
+  const DatasetInfo& info = (*a)->info();
+  EXPECT_EQ(info.shape, (CubeShape{4, 16, 16, 16}));
+  EXPECT_EQ(info.param_names, (std::vector<std::string>{"Omega_M", "sigma_8", "n_s"}));
+  EXPECT_EQ(info.redshifts, (std::vector<double>{0, 0.5, 1.5, 3}));
+  EXPECT_DOUBLE_EQ(info.box_size_mpc_h, 32.0);
+  EXPECT_NE(info.provenance.find("seed=9"), std::string::npos);
+  for (int i = 0; i < 5; ++i) {
+    auto p = (*a)->ReadParams(i);
+    ASSERT_TRUE(p.ok());
+    EXPECT_GE((*p)[0], 0.25f);
+    EXPECT_LE((*p)[0], 0.35f);
+    EXPECT_GE((*p)[1], 0.78f);
+    EXPECT_LE((*p)[1], 0.95f);
+    EXPECT_GE((*p)[2], 0.90f);
+    EXPECT_LE((*p)[2], 1.00f);
+    auto cube = (*a)->ReadCube(i);
+    int64_t sum = 0;
+    for (int64_t v = 0; v < 4096; ++v) sum += cube->int16_data()[v];
+    EXPECT_EQ(sum, 4096);  // z = 0 channel: one particle per voxel
+  }
+  // Samples 3..4 generated alone (another process, another thread count) are byte-identical.
+  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "b.h5" + " --samples 2 --first-index 3 --side 16 "
+                "--voxel-size 2 --seed 9 --threads 1 --quiet", dir / "err", &err), 0) << err;
+  auto b = Dataset::Open(dir / "b.h5");
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ((*b)->size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    auto x = (*a)->ReadCube(3 + i), y = (*b)->ReadCube(i);
+    EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->size_bytes()), 0) << "sample " << 3 + i;
+    EXPECT_EQ(*(*a)->ReadParams(3 + i), *(*b)->ReadParams(i));
+  }
+  // Fixed parameters and one redshift.
+  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "c.h5" + " --samples 1 --side 16 --omega-m 0.3 "
+                "--sigma-8 0.8 --n-s 0.96 --redshifts 0 --displacement 2lpt --assignment cic --quiet",
+                dir / "err", &err), 0) << err;
+  auto c = Dataset::Open(dir / "c.h5");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->info().shape.channels, 1);
+  EXPECT_EQ(*(*c)->ReadParams(0), (std::vector<float>{0.3f, 0.8f, 0.96f}));
+}
+
+TEST(SynthCliTest, BadFlagsGiveOneLineAndStatus2) {
+  TempDir dir("synth-cli-bad");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--samples 2", "--out"},
+      {"--out X --bogus 1", "unknown flag --bogus"},
+      {"--out X --side abc", "--side"},
+      {"--out X --side 2", "--side"},
+      {"--out X --redshifts 0,-1", "redshift"},
+      {"--out X --ranges 0.3:0.2,0.8:0.9,0.9:1", "MIN > MAX"},
+      {"--out X --transfer cdm", "transfer"},
+      {"--out X --displacement pm", "displacement"},
+      {"--out X --samples", "needs a value"},
+      {"--out X --omega-b 0.5", "Omega_b"},
+  };
+  for (const auto& [args, needle] : cases) {
+    std::string err;
+    EXPECT_EQ(RunCommand(kSynth + " " + args, dir / "err", &err), 2) << args;
+    EXPECT_NE(err.find(needle), std::string::npos) << args << " -> " << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << args << " -> " << err;
+  }
+}
+
+TEST(ImportCliTest, ExitStatusSaysWhatHappened) {
+  auto files = RealFiles();
+  CF_REQUIRE_REAL_DATA(files);
+  TempDir dir("import-cli");
+  std::string stream = testing::Gunzip(files[0]);
+  stream.resize(stream.size() / 2);  // truncated record
+  testing::WriteGzip(dir / "cut.tfrecord", stream);
+  testing::WriteAll(dir / "list.txt", files[0] + "\n" + dir / "cut.tfrecord" + "\n" + files[1] + "\n");
+  std::string err;
+  EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o1" + " --files-from " + dir / "list.txt",
+                dir / "err", &err), 1);
+  EXPECT_NE(err.find("cut.tfrecord"), std::string::npos) << err;
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o2" + " --files-from " + dir / "list.txt" +
+                " --skip-corrupt", dir / "err", &err), 3) << err;
+  EXPECT_NE(err.find("1 corrupt records skipped"), std::string::npos) << err;
+  // The shard is named after the list.
+  auto d = Dataset::Open(dir / "o2/list-00000000.h5");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ((*d)->size(), 2);
+  EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o3 " + files[2], dir / "err", &err), 0) << err;
+  EXPECT_NE(err.find("MB/s"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o4", dir / "err", &err), 2);
+  EXPECT_NE(err.find("no input files"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand(kImport + " " + files[2], dir / "err", &err), 2);
+  EXPECT_NE(err.find("--out"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace synth
+}  // namespace cosmoflow
