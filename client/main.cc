@@ -99,8 +99,10 @@ StatusOr<std::vector<int64_t>> ParseShape(const std::string& text) {
   return shape;
 }
 
-// Fills request.cube from --npy, --h5 or --raw. Errors name the file.
-Status LoadCube(const Flags& flags, v1::PredictRequest* request) {
+// Fills request.cube from --npy, --h5 or --raw. Errors name the file; `*usage` tells whether the
+// flags (rather than a file) were at fault.
+Status LoadCube(const Flags& flags, v1::PredictRequest* request, bool* usage) {
+  *usage = true;
   auto* cube = request->mutable_cube();
   const std::string layout_name = flags.Get("layout", "channel-first");
   if (layout_name != "channel-first" && layout_name != "channel-last")
@@ -115,6 +117,19 @@ Status LoadCube(const Flags& flags, v1::PredictRequest* request) {
     cube->set_layout(v1::LAYOUT_CHANNEL_FIRST);
     cube->set_data(std::string(static_cast<const char*>(c.raw()), c.size_bytes()));
   };
+  if (flags.Has("h5") && !flags.Has("dataset"))
+    return InvalidArgumentError("--h5 needs --dataset PATH (e.g. /cubes)");
+  auto index = flags.GetInt("index", 0);
+  if (!index.ok()) return index.status();
+  if (flags.Has("raw") && (!flags.Has("shape") || !flags.Has("dtype")))
+    return InvalidArgumentError("--raw needs --shape and --dtype");
+  std::vector<int64_t> shape;
+  DType dtype = DType::kInt16;
+  if (flags.Has("raw")) {
+    CF_ASSIGN_OR_RETURN(shape, ParseShape(flags.Get("shape")));
+    CF_ASSIGN_OR_RETURN(dtype, ParseDType(flags.Get("dtype")));
+  }
+  *usage = false;  // from here on, errors are about the input file
   if (flags.Has("npy")) {
     CF_ASSIGN_OR_RETURN(Cube c, ReadNpy(flags.Get("npy"), channel_last ? AxisLayout::kChannelLast
                                                                         : AxisLayout::kChannelFirst));
@@ -122,16 +137,10 @@ Status LoadCube(const Flags& flags, v1::PredictRequest* request) {
     return Status::Ok();
   }
   if (flags.Has("h5")) {
-    if (!flags.Has("dataset")) return InvalidArgumentError("--h5 needs --dataset PATH (e.g. /cubes)");
-    auto index = flags.GetInt("index", 0);
-    if (!index.ok()) return index.status();
     CF_ASSIGN_OR_RETURN(Cube c, ReadHdf5Cube(flags.Get("h5"), flags.Get("dataset"), *index));
     set_cube(c);
     return Status::Ok();
   }
-  if (!flags.Has("shape") || !flags.Has("dtype")) return InvalidArgumentError("--raw needs --shape and --dtype");
-  CF_ASSIGN_OR_RETURN(auto shape, ParseShape(flags.Get("shape")));
-  CF_ASSIGN_OR_RETURN(DType dtype, ParseDType(flags.Get("dtype")));
   CF_ASSIGN_OR_RETURN(std::string bytes, ReadText(flags.Get("raw"), "raw cube file"));
   int64_t elements = 1;
   for (auto e : shape) elements *= e;
@@ -179,9 +188,8 @@ int main(int argc, char** argv) {
   // Read the input before connecting: a bad file is the user's error, not the server's.
   v1::PredictRequest request;
   if (command == "predict") {
-    if (Status s = LoadCube(flags, &request); !s.ok())
-      return Fail(s.code() == StatusCode::kInvalidArgument && s.message().rfind("--", 0) == 0 ? kExitUsage : kExitInput,
-                  s.message());
+    bool usage = false;
+    if (Status s = LoadCube(flags, &request, &usage); !s.ok()) return Fail(usage ? kExitUsage : kExitInput, s.message());
     request.set_request_id(flags.Get("request-id"));
     request.set_model_version(flags.Get("model-version"));
   }
