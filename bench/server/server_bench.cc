@@ -1,0 +1,231 @@
+// Serving benchmark: a C++ load generator against cosmoflow-server's service on loopback, at several
+// concurrencies, with 128^3 int16 cubes, next to the engine's own forward pass on the same cores.
+// Prints cubes/s, p50/p99 latency, the ratio of served to raw batched throughput, and RSS before and
+// after a bounded soak. Not run by ctest (minutes on two cores).
+//
+//   server_bench [--spec sc18] [--max-batch 4] [--concurrency 1,4,16] [--requests 24]
+//                [--soak-requests 200] [--queue-delay-ms 2] [--repeats 5]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "core/nn/checkpoint.h"
+#include "core/nn/network.h"
+#include "proto/cosmoflow.grpc.pb.h"
+#include "server/flags.h"
+#include "server/server.h"
+
+namespace {
+
+using namespace cosmoflow;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = size_t(p * double(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
+
+double RssMiB() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0;
+}
+
+std::vector<int16_t> RandomCounts(uint64_t seed, int64_t n) {
+  std::mt19937_64 rng(seed);
+  std::poisson_distribution<int> dist(2.0);
+  std::vector<int16_t> v(n);
+  for (auto& x : v) x = int16_t(dist(rng));
+  return v;
+}
+
+// Median seconds of one Forward of a `batch`-cube network (inputs already transformed).
+double RawForwardSeconds(const Checkpoint& ckpt, int batch, int repeats, const std::vector<int16_t>& counts) {
+  NetworkOptions o;
+  o.batch = batch;
+  auto net = Network::Create(ckpt.spec, o);
+  if (!net.ok()) {
+    std::fprintf(stderr, "%s\n", net.status().ToString().c_str());
+    std::exit(1);
+  }
+  if (!(*net)->LoadParameters(ckpt.weights).ok()) std::exit(1);
+  const int64_t n = int64_t(counts.size());
+  std::vector<float> src(size_t(batch) * n), dst(size_t(batch) * ckpt.spec.outputs.size());
+  for (int b = 0; b < batch; ++b)
+    ApplyInputTransform(ckpt.spec.input_transform, counts.data(), n, n / ckpt.spec.input_channels, src.data() + b * n);
+  (*net)->Forward(src.data(), dst.data());  // warm-up
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = Clock::now();
+    (*net)->Forward(src.data(), dst.data());
+    times.push_back(Seconds(Clock::now() - t0));
+  }
+  return Median(times);
+}
+
+struct LevelResult {
+  double cubes_per_second = 0;
+  double p50 = 0, p99 = 0;
+  int failures = 0;
+  double mean_batch = 0;
+};
+
+LevelResult RunLevel(v1::CosmoFlow::Stub* stub, const v1::PredictRequest& request, int concurrency, int total) {
+  std::atomic<int> next{0};
+  std::vector<std::vector<double>> latencies(concurrency);
+  std::vector<int> failures(concurrency, 0);
+  std::vector<double> batch_sum(concurrency, 0);
+  auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < concurrency; ++c)
+    threads.emplace_back([&, c] {
+      while (next.fetch_add(1) < total) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+        v1::PredictResponse resp;
+        auto s0 = Clock::now();
+        grpc::Status s = stub->Predict(&ctx, request, &resp);
+        latencies[c].push_back(Seconds(Clock::now() - s0));
+        if (!s.ok()) {
+          ++failures[c];
+          std::fprintf(stderr, "request failed: %s\n", s.error_message().c_str());
+        }
+        batch_sum[c] += resp.timings().batch_size();
+      }
+    });
+  for (auto& t : threads) t.join();
+  const double elapsed = Seconds(Clock::now() - t0);
+  LevelResult r;
+  std::vector<double> all;
+  double batches = 0;
+  for (int c = 0; c < concurrency; ++c) {
+    all.insert(all.end(), latencies[c].begin(), latencies[c].end());
+    r.failures += failures[c];
+    batches += batch_sum[c];
+  }
+  r.cubes_per_second = double(total - r.failures) / elapsed;
+  r.p50 = Percentile(all, 0.5);
+  r.p99 = Percentile(all, 0.99);
+  r.mean_batch = batches / double(total);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags({{"spec", true}, {"max-batch", true}, {"concurrency", true}, {"requests", true},
+               {"soak-requests", true}, {"queue-delay-ms", true}, {"repeats", true}});
+  if (Status s = flags.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "server_bench: %s\n", s.message().c_str());
+    return 2;
+  }
+  const std::string spec_name = flags.Get("spec", "sc18");
+  const int max_batch = int(flags.GetInt("max-batch", 4).value());
+  const int requests = int(flags.GetInt("requests", 24).value());
+  const int soak = int(flags.GetInt("soak-requests", 200).value());
+  const int repeats = int(flags.GetInt("repeats", 5).value());
+  const double delay_ms = flags.GetDouble("queue-delay-ms", 2).value();
+  std::vector<int> levels;
+  {
+    std::stringstream ss(flags.Get("concurrency", "1,4,16"));
+    for (std::string part; std::getline(ss, part, ',');) levels.push_back(std::stoi(part));
+  }
+
+  auto spec = BuiltinSpec(spec_name);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    return 1;
+  }
+  char dir_template[] = "/tmp/cf-server-bench-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  Checkpoint ckpt;
+  {
+    NetworkOptions o;
+    auto net = Network::Create(*spec, o);
+    if (!net.ok()) return 1;
+    (*net)->InitParameters(1);
+    ckpt.spec = *spec;
+    ckpt.weights = (*net)->ExportParameters();
+  }
+  const std::string path = dir + "/bench.h5";
+  if (auto w = WriteCheckpoint(path, ckpt); !w.ok()) {
+    std::fprintf(stderr, "%s\n", w.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t voxels = int64_t(spec->input_channels) * spec->input_side * spec->input_side * spec->input_side;
+  const auto counts = RandomCounts(7, voxels);
+
+  std::printf("# serving benchmark: spec %s, %lld-voxel int16 cubes, max batch %d, queue delay %.1f ms, "
+              "%u hardware threads (medians; noisy when other work shares the cores)\n",
+              spec_name.c_str(), static_cast<long long>(voxels), max_batch, delay_ms,
+              std::thread::hardware_concurrency());
+  const double raw1 = RawForwardSeconds(ckpt, 1, repeats, counts);
+  const double rawb = RawForwardSeconds(ckpt, max_batch, repeats, counts);
+  std::printf("engine forward  batch 1: %.3f s  (%.2f cubes/s)   batch %d: %.3f s  (%.2f cubes/s)\n", raw1,
+              1 / raw1, max_batch, rawb, max_batch / rawb);
+
+  ServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.checkpoint = path;
+  o.max_batch = max_batch;
+  o.max_queue = 256;
+  o.max_queue_delay = std::chrono::microseconds(int64_t(delay_ms * 1000));
+  o.watch_interval = std::chrono::milliseconds(0);
+  auto server = InferenceServer::Start(o);
+  if (!server.ok() || !(*server)->LoadInitialModel().ok()) {
+    std::fprintf(stderr, "cannot start the server\n");
+    return 1;
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string((*server)->port()),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::CosmoFlow::NewStub(channel);
+  v1::PredictRequest request;
+  auto* cube = request.mutable_cube();
+  for (int64_t e : {int64_t(spec->input_channels), int64_t(spec->input_side), int64_t(spec->input_side),
+                    int64_t(spec->input_side)})
+    cube->add_shape(e);
+  cube->set_dtype(v1::DTYPE_INT16);
+  cube->set_data(std::string(reinterpret_cast<const char*>(counts.data()), counts.size() * 2));
+
+  RunLevel(stub.get(), request, 1, 2);  // connection and first-call warm-up
+  std::printf("%-12s %10s %10s %10s %10s %14s %12s\n", "concurrency", "cubes/s", "p50 s", "p99 s", "mean batch",
+              "vs raw batch", "p50/forward1");
+  for (int c : levels) {
+    const int total = std::max(requests, 3 * c);
+    LevelResult r = RunLevel(stub.get(), request, c, total);
+    std::printf("%-12d %10.2f %10.3f %10.3f %10.2f %13.0f%% %12.2f%s\n", c, r.cubes_per_second, r.p50, r.p99,
+                r.mean_batch, 100 * r.cubes_per_second / (max_batch / rawb), r.p50 / raw1,
+                r.failures ? "  FAILURES" : "");
+  }
+
+  if (soak > 0) {
+    const double before = RssMiB();
+    LevelResult r = RunLevel(stub.get(), request, 4, soak);
+    const double after = RssMiB();
+    std::printf("soak: %d requests at concurrency 4, %d failed; RSS %.0f MiB before, %.0f MiB after (%+.1f%%)\n",
+                soak, r.failures, before, after, 100 * (after - before) / before);
+  }
+  (*server)->Shutdown(std::chrono::seconds(5));
+  std::remove(path.c_str());
+  rmdir(dir.c_str());
+  return 0;
+}
