@@ -40,6 +40,17 @@ inline double RandomUniform(uint64_t key, uint64_t counter) {
   return (static_cast<double>(RandomBits(key, counter) >> 11) + 0.5) * 0x1.0p-53;
 }
 
+// Two independent standard normal deviates (the cosine and sine branches of Box-Muller) from
+// counter value `counter`; same tail cut as below.
+inline void RandomNormalPair(uint64_t key, uint64_t counter, double* z0, double* z1) {
+  const uint64_t bits = RandomBits(key, counter);
+  const double u1 = (static_cast<double>(bits >> 32) + 0.5) * 0x1.0p-32;
+  const double u2 = (static_cast<double>(bits & 0xffffffffull) + 0.5) * 0x1.0p-32;
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  *z0 = r * std::cos(2.0 * M_PI * u2);
+  *z1 = r * std::sin(2.0 * M_PI * u2);
+}
+
 // Standard normal deviate by the Box-Muller transform of two uniforms drawn from 64 bits
 // (32 bits each, offset by half a step; the tails are cut at |x| ~ 6.7, probability ~ 2e-11).
 inline double RandomNormal(uint64_t key, uint64_t counter) {

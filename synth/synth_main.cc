@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
                    assignment_text = "ngp", smoothing_text = "auto", prefix = "synth";
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0,
           samples_per_shard = 64, threads = 0, compress = 0;
-  double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0.35;
+  double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0;
   bool quiet = false, help = false;
   FlagParser flags("synth");
   flags.AddString("out", &out, "output: a directory (shards <prefix>-<first index>.h5) or FILE.h5");
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   flags.AddString("assignment", &assignment_text, "ngp (default) or cic");
   flags.AddString("smoothing", &smoothing_text,
                   "truncation: auto (default, R = factor/k_nl(z)), 0 (none) or R in Mpc/h");
-  flags.AddDouble("smoothing-factor", &smoothing_factor, "factor for --smoothing auto (default 0.35)");
+  flags.AddDouble("smoothing-factor", &smoothing_factor,
+                  "factor for --smoothing auto (default 0: 0.5 for za, 0.7 for 2lpt)");
   flags.AddInt("samples-per-shard", &samples_per_shard, "cubes per shard file (default 64)");
   flags.AddString("prefix", &prefix, "shard name prefix (default synth)");
   flags.AddInt("compress", &compress, "HDF5 gzip level 0..9 (default 0)");
@@ -123,8 +124,8 @@ int main(int argc, char** argv) {
   uo.assignment = *assignment;
   if (smoothing_text == "auto") {
     uo.smoothing = -1;
-    if (!(smoothing_factor > 0 && smoothing_factor < 100)) {
-      return Fail(InvalidArgumentError("--smoothing-factor must be in (0, 100)"), 2);
+    if (!(smoothing_factor >= 0 && smoothing_factor < 100)) {
+      return Fail(InvalidArgumentError("--smoothing-factor must be in [0, 100)"), 2);
     }
   } else {
     auto r = ParseDouble(smoothing_text, "--smoothing");
@@ -194,7 +195,7 @@ int main(int argc, char** argv) {
        << "\nseed=" << seed << " transfer=" << TransferFunctionName(uo.transfer)
        << " displacement=" << DisplacementName(uo.displacement)
        << " assignment=" << MassAssignmentName(uo.assignment) << " smoothing="
-       << (uo.smoothing < 0 ? "auto(" + std::to_string(uo.smoothing_nl_factor) + "/k_nl(z))"
+       << (uo.smoothing < 0 ? "auto(" + std::to_string(uo.NlFactor()) + "/k_nl(z))"
                             : std::to_string(uo.smoothing))
        << " particles_per_side=" << uo.particle_grid() << " voxel_size_mpc_h=" << uo.voxel_size
        << " redshifts=" << Join(uo.redshifts) << " omega_b=" << omega_b << " h=" << h

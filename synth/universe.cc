@@ -87,6 +87,9 @@ Status UniverseOptions::Validate() const {
     if (!(z >= 0 && z < 1000)) return InvalidArgumentError("redshift " + Num(z) + ": must be in [0, 1000)");
   }
   if (threads < 0) return InvalidArgumentError("threads = " + Num(threads) + ": must be >= 0");
+  if (!(smoothing_nl_factor >= 0 && smoothing_nl_factor < 100)) {
+    return InvalidArgumentError("smoothing factor = " + Num(smoothing_nl_factor) + ": must be in [0, 100)");
+  }
   return Status::Ok();
 }
 
@@ -144,9 +147,15 @@ struct UniverseGenerator::Impl {
   void Colour(const Cosmology& cosmology, double box, uint64_t seed, uint64_t index) {
     const uint64_t key = StreamKey(seed, index, RandomStream::kWhiteNoise);
     float* w = real.get();
-    const int64_t total = static_cast<int64_t>(real_size);
+    // Grid points 2q and 2q+1 take the two deviates of counter q (n^3 is even).
+    const int64_t pairs = static_cast<int64_t>(real_size / 2);
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t p = 0; p < total; ++p) w[p] = static_cast<float>(RandomNormal(key, p));
+    for (int64_t q = 0; q < pairs; ++q) {
+      double z0, z1;
+      RandomNormalPair(key, q, &z0, &z1);
+      w[2 * q] = static_cast<float>(z0);
+      w[2 * q + 1] = static_cast<float>(z1);
+    }
     fftwf_execute_dft_r2c(r2c.get(), w, delta_k.get());
 
     // |k|^2 / k_f^2 is an integer m <= 3 (n/2)^2: tabulating by m evaluates P(k) a few thousand
@@ -377,7 +386,7 @@ Status UniverseGenerator::LinearDensity(const Cosmology& cosmology, uint64_t see
 
 double UniverseGenerator::SmoothingRadius(const Cosmology& cosmology, double z) const {
   if (options_.smoothing >= 0) return options_.smoothing;
-  return options_.smoothing_nl_factor / cosmology.NonLinearWavenumber(z);
+  return options_.NlFactor() / cosmology.NonLinearWavenumber(z);
 }
 
 StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t seed,

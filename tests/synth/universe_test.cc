@@ -1,5 +1,7 @@
 #include "synth/universe.h"
 
+#include "synth/random.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -274,6 +276,29 @@ TEST(UniverseTest, DrawParamsIsReproducibleAndInRange) {
   r.sigma_8_min = 1.0;
   r.sigma_8_max = 0.9;
   EXPECT_NE(r.Validate().message().find("sigma_8"), std::string::npos);
+}
+
+TEST(RandomTest, NormalPairsAreStandardAndIndependent) {
+  const uint64_t key = StreamKey(5, 6, RandomStream::kWhiteNoise);
+  const int n = 200000;
+  double m = 0, v = 0, k4 = 0, cross = 0;
+  for (int i = 0; i < n; ++i) {
+    double a, b;
+    RandomNormalPair(key, i, &a, &b);
+    m += a + b;
+    v += a * a + b * b;
+    k4 += a * a * a * a + b * b * b * b;
+    cross += a * b;
+  }
+  m /= 2 * n;
+  v /= 2 * n;
+  k4 /= 2 * n;
+  EXPECT_NEAR(m, 0, 0.01);
+  EXPECT_NEAR(v, 1, 0.01);
+  EXPECT_NEAR(k4, 3, 0.05);  // Gaussian kurtosis
+  EXPECT_NEAR(cross / n, 0, 0.01);
+  EXPECT_NE(StreamKey(5, 6, RandomStream::kWhiteNoise), StreamKey(5, 7, RandomStream::kWhiteNoise));
+  EXPECT_NE(StreamKey(5, 6, RandomStream::kWhiteNoise), StreamKey(6, 6, RandomStream::kWhiteNoise));
 }
 
 TEST(UniverseTest, RejectsBadOptions) {
