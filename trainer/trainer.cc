@@ -326,7 +326,10 @@ Status Trainer::Setup() {
   CF_RETURN_IF_ERROR(AgreeOnStatus(optimizer.status(), world_.comm));
   optimizer_ = std::move(optimizer).value();
 
-  auto schedule = LrRecipeSchedule::Create(opt_.lr, sampler_->global_batch(), steps_per_epoch_, total_steps_);
+  // The schedule spans --epochs even when --max-steps stops earlier, so that a run cut short and
+  // resumed follows the same learning rates as an uninterrupted one.
+  auto schedule = LrRecipeSchedule::Create(opt_.lr, sampler_->global_batch(), steps_per_epoch_,
+                                           steps_per_epoch_ * opt_.epochs);
   CF_RETURN_IF_ERROR(AgreeOnStatus(schedule.status(), world_.comm));
   schedule_ = std::make_unique<LrRecipeSchedule>(*schedule);
 
@@ -689,9 +692,10 @@ int Trainer::Run() {
     lr_ = schedule_->At(step_);
     net_->Forward(batch->src.data(), pred.data());
     window_loss += MseLoss(pred.data(), batch->labels.data(), static_cast<int64_t>(pred.size()), diff.data());
-    loader.Release(batch);
     reducer_->BeginStep();
     net_->Backward(diff.data(), on_grad_ready);
+    // Only now may the reader reuse the buffer: the first layer's weight gradient reads the input.
+    loader.Release(batch);
     reducer_->FinishStep();
     comm += reducer_->last_wait_seconds();
     optimizer_->Step(params, lr_);
@@ -717,6 +721,11 @@ int Trainer::Run() {
       std::vector<double> l = {window_loss, static_cast<double>(window_steps_)};
       AllreduceSum(l, world_.comm);
       LogProgress(l[0] / std::max(1.0, l[1]));
+      if (!std::isfinite(l[0])) {  // the same value on every rank, so all of them stop here
+        WriteSummary("error");
+        return Fail(OutOfRangeError("training diverged: loss is " + std::to_string(l[0]) + " at step " +
+                                    std::to_string(step_) + " (lower --lr or check the data)"));
+      }
       window_loss = window_time_ = window_wait_ = window_comm_ = 0;
       window_steps_ = 0;
     }
