@@ -56,6 +56,19 @@ Status Batcher::Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests)
   return Status::Ok();
 }
 
+void Batcher::BeginPrepare() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++preparing_;
+}
+
+void Batcher::EndPrepare() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --preparing_;
+  }
+  cv_.notify_one();
+}
+
 void Batcher::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -73,11 +86,15 @@ void Batcher::WorkerLoop() {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) break;  // stopping and drained
     const int max_batch = model_ ? std::min(options_.max_batch, model_->options().max_batch) : 1;
-    // Wait for company, but never longer than max_queue_delay after the oldest arrived. While
+    // Wait for company, but never longer than max_queue_delay after the oldest arrived, or
+    // max_prepare_wait more while requests that will join are still being prepared. While
     // stopping, queued work is run at once.
     const auto flush_at = queue_.front()->enqueued + options_.max_queue_delay;
-    cv_.wait_until(lock, flush_at,
-                   [&] { return stopping_ || int(queue_.size()) >= max_batch; });
+    const auto hard_flush_at = flush_at + options_.max_prepare_wait;
+    auto full = [&] { return stopping_ || int(queue_.size()) >= max_batch; };
+    cv_.wait_until(lock, flush_at, full);
+    while (!full() && preparing_ > 0 && std::chrono::steady_clock::now() < hard_flush_at)
+      cv_.wait_until(lock, hard_flush_at);
     const int n = std::min<int>(max_batch, int(queue_.size()));
     batch.clear();
     for (int i = 0; i < n; ++i) {

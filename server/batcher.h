@@ -50,6 +50,10 @@ struct BatcherOptions {
   int max_batch = 4;
   std::chrono::microseconds max_queue_delay{2000};
   int max_queue = 64;  // requests waiting (not counting the batch being computed)
+  // When the queue delay has passed but requests are still being validated and transformed on gRPC
+  // threads (128^3 cubes take tens of ms), the batch waits for them up to this much longer: on two
+  // cores a fuller batch is worth far more than a few ms. 0 = never wait for them.
+  std::chrono::microseconds max_prepare_wait{50000};
 };
 
 class Batcher {
@@ -64,6 +68,12 @@ class Batcher {
   // Enqueues all `requests` or none: RESOURCE_EXHAUSTED when the queue has no room for all of them,
   // UNAVAILABLE once stopping. On error the requests' `done` is not called (the caller answers).
   Status Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests);
+
+  // Marks a request as being prepared (validated, transformed) so that a batch about to be flushed
+  // waits for it (see max_prepare_wait). Every BeginPrepare is followed by one EndPrepare, after
+  // the Submit of that request (or after giving up on it).
+  void BeginPrepare();
+  void EndPrepare();
 
   // Refuses new requests, computes those already queued, joins the worker.
   void Stop();
@@ -80,6 +90,7 @@ class Batcher {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<InferenceRequest>> queue_;
   std::shared_ptr<Model> model_;
+  int preparing_ = 0;
   bool stopping_ = false;
   std::vector<float> batch_input_;   // worker only
   std::vector<float> batch_output_;  // worker only

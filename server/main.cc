@@ -23,6 +23,7 @@ constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
   --max-batch N              largest dynamic batch (default 4)
   --max-queue-delay-ms MS    longest wait for a batch to fill (default 2)
   --max-queue N              queued cubes before RESOURCE_EXHAUSTED (default 64)
+  --max-prepare-wait-ms MS   extra wait for cubes still being validated when a batch is due (default 50)
   --max-message-bytes N      gRPC message limit, both ways (default 67108864)
   --precision fp32|bf16      compute precision (default fp32)
   --watch-interval-ms MS     poll the checkpoint directory's LATEST (default 1000; 0 = off)
@@ -48,7 +49,7 @@ bool WriteFile(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   using namespace cosmoflow;
   Flags flags({{"checkpoint", true}, {"address", true}, {"metrics-address", true}, {"max-batch", true},
-               {"max-queue-delay-ms", true}, {"max-queue", true}, {"max-message-bytes", true},
+               {"max-queue-delay-ms", true}, {"max-queue", true}, {"max-prepare-wait-ms", true}, {"max-message-bytes", true},
                {"precision", true}, {"watch-interval-ms", true}, {"drain-timeout-s", true},
                {"tls-cert", true}, {"tls-key", true}, {"tls-client-ca", true}, {"port-file", true},
                {"metrics-port-file", true}, {"help", false}});
@@ -74,18 +75,20 @@ int main(int argc, char** argv) {
   auto max_batch = flags.GetInt("max-batch", 4);
   auto delay_ms = flags.GetDouble("max-queue-delay-ms", 2);
   auto max_queue = flags.GetInt("max-queue", 64);
+  auto prepare_ms = flags.GetDouble("max-prepare-wait-ms", 50);
   auto max_message = flags.GetInt("max-message-bytes", 64 << 20);
   auto watch_ms = flags.GetInt("watch-interval-ms", 1000);
   auto drain_s = flags.GetDouble("drain-timeout-s", 30);
   auto precision = ParsePrecision(flags.Get("precision", "fp32"));
-  for (const Status& s : {max_batch.status(), delay_ms.status(), max_queue.status(), max_message.status(),
+  for (const Status& s : {max_batch.status(), delay_ms.status(), prepare_ms.status(), max_queue.status(), max_message.status(),
                           watch_ms.status(), drain_s.status(), precision.status()})
     if (!s.ok()) return usage_error(s.message());
-  if (*delay_ms < 0 || *watch_ms < 0 || *drain_s < 0)
+  if (*delay_ms < 0 || *prepare_ms < 0 || *watch_ms < 0 || *drain_s < 0)
     return usage_error("durations must not be negative");
   options.max_batch = int(*max_batch);
   options.max_queue_delay = std::chrono::microseconds(int64_t(*delay_ms * 1000));
   options.max_queue = int(*max_queue);
+  options.max_prepare_wait = std::chrono::microseconds(int64_t(*prepare_ms * 1000));
   options.max_message_bytes = *max_message;
   options.watch_interval = std::chrono::milliseconds(*watch_ms);
   options.precision = *precision;

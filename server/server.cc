@@ -89,6 +89,23 @@ void FillResponse(const std::string& request_id, const InferenceResult& r, Clock
 
 // ---- the service ----
 
+namespace {
+
+// Tells the batcher a request is being validated and transformed (see max_prepare_wait); ends when
+// the handler has submitted it or given up.
+class PrepareGuard {
+ public:
+  explicit PrepareGuard(Batcher* batcher) : batcher_(batcher) { batcher_->BeginPrepare(); }
+  ~PrepareGuard() { batcher_->EndPrepare(); }
+  PrepareGuard(const PrepareGuard&) = delete;
+  PrepareGuard& operator=(const PrepareGuard&) = delete;
+
+ private:
+  Batcher* batcher_;
+};
+
+}  // namespace
+
 class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
  public:
   explicit Service(InferenceServer* server) : server_(server) {}
@@ -130,6 +147,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       Record("Predict", s, start);
       reactor->Finish(s);
     };
+    PrepareGuard guard(server_->batcher_.get());
     auto item = Prepare(*request, "request", ctx);
     if (!item.ok()) {
       finish(ToGrpcStatus(item.status()));
@@ -174,6 +192,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     auto state = std::make_shared<State>();
     state->remaining = n;
     for (int i = 0; i < n; ++i) response->add_responses();
+    PrepareGuard guard(server_->batcher_.get());
     std::vector<std::unique_ptr<InferenceRequest>> items;
     for (int i = 0; i < n; ++i) {
       auto item = Prepare(request->requests(i), "requests[" + std::to_string(i) + "]", ctx);
@@ -278,6 +297,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       const auto start = Clock::now();
       std::shared_ptr<v1::PredictRequest> request = std::move(incoming_);
       incoming_ = std::make_unique<v1::PredictRequest>();
+      PrepareGuard guard(service_->server_->batcher_.get());
       auto item = service_->Prepare(*request, "request", ctx_);
       if (item.ok()) {
         (*item)->done = [this, request, start](const Status& s, InferenceResult&& r) {
@@ -446,6 +466,7 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   batcher_options.max_batch = options.max_batch;
   batcher_options.max_queue_delay = options.max_queue_delay;
   batcher_options.max_queue = options.max_queue;
+  batcher_options.max_prepare_wait = options.max_prepare_wait;
   server->batcher_ = std::make_unique<Batcher>(batcher_options, &server->metrics_);
   server->service_ = std::make_unique<Service>(server.get());
 

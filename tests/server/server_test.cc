@@ -516,5 +516,19 @@ TEST_F(ServerTest, MetricsMoveAndPassPromtool) {
   EXPECT_EQ(rc, 0) << ReadFileText(tmp / "out.txt");
 }
 
+TEST_F(ServerTest, ReflectionListsTheService) {
+  StartServer(Options());
+  // A raw-bytes reflection call from python3-grpcio (no reflection stubs needed):
+  // ServerReflectionRequest{list_services: ""} is field 7, length 0.
+  const std::string script =
+      "import grpc, sys\n"
+      "ch = grpc.insecure_channel('127.0.0.1:" + std::to_string(server_->port()) + "')\n"
+      "call = ch.stream_stream('/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo')\n"
+      "reply = b''.join(call(iter([b'\\x3a\\x00']), timeout=10))\n"
+      "sys.exit(0 if b'cosmoflow.v1.CosmoFlow' in reply and b'grpc.health.v1.Health' in reply else 1)\n";
+  std::ofstream(dir_ / "reflect.py") << script;
+  EXPECT_EQ(std::system(("/usr/bin/python3 " + (dir_ / "reflect.py")).c_str()), 0);
+}
+
 }  // namespace
 }  // namespace cosmoflow
