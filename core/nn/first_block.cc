@@ -7,6 +7,8 @@
 #include <cassert>
 #include <cstring>
 
+#include "core/nn/network_internal.h"
+
 namespace cosmoflow {
 namespace {
 
@@ -119,9 +121,10 @@ bool FirstBlockKernel::Supported(int side, int filters, int kernel, int stride, 
 }
 
 FirstBlockKernel::FirstBlockKernel(int batch, int side, int filters, int kernel, float alpha, int pool,
-                                   bool bf16_out, bool training)
-    : n_(batch), s_(side), f_(filters), k_(kernel), p_(pool), alpha_(alpha), bf16_(bf16_out),
-      training_(training) {
+                                   bool bf16_out, bool training, int channel_stride)
+    : n_(batch), s_(side), f_(filters), k_(kernel), p_(pool), cs_(channel_stride), alpha_(alpha),
+      bf16_(bf16_out), training_(training) {
+  assert(cs_ == 0 || (cs_ >= f_ && cs_ <= kLanes));
   o_ = s_ - k_ + 1;
   q_ = o_ / p_;
   threads_ = omp_get_max_threads();
@@ -158,10 +161,12 @@ void FirstBlockKernel::Forward(const float* src, const float* weights, const flo
   const int n = n_, q = q_, p = p_, f = f_, k = k_;
   const int qp = q * p;
   const int64_t s = s_;
-  const __mmask16 fmask = static_cast<__mmask16>((1u << f) - 1u);
   const float inv = 1.f / static_cast<float>(p * p * p);
   const float alpha = alpha_;
   const bool training = training_, bf16 = bf16_;
+  const int cs = cs_;
+  const __mmask16 smask = static_cast<__mmask16>((1u << cs) - 1u);
+  const int64_t q3 = int64_t{q} * q * q;
   uint16_t* mask = training ? mask_.data() : nullptr;
   const int64_t rows = int64_t{n} * q * q;
 
@@ -205,10 +210,24 @@ void FirstBlockKernel::Forward(const float* src, const float* weights, const flo
       const int64_t out_base = ((int64_t{ni} * q + qd) * q + qh) * q;
       for (int qw = 0; qw < q; ++qw) {
         __m512 v = _mm512_mul_ps(_mm512_load_ps(pacc + qw * kLanes), _mm512_set1_ps(inv));
-        if (bf16) {
-          StoreBf16(static_cast<uint16_t*>(dst) + (out_base + qw) * f, v, fmask);
+        // Unused filter lanes hold exact zeros (zero weights and bias), as the padded
+        // nCdhw16c layout requires.
+        if (cs == 0) {  // planar NCDHW: scatter the filter lanes into their planes
+          alignas(64) float tmp[kLanes];
+          _mm512_store_ps(tmp, v);
+          const int64_t voxel = out_base - int64_t{ni} * q3 + qw;
+          for (int fi = 0; fi < f; ++fi) {
+            const int64_t at = (int64_t{ni} * f + fi) * q3 + voxel;
+            if (bf16) {
+              static_cast<uint16_t*>(dst)[at] = nn_internal::F32ToBf16(tmp[fi]);
+            } else {
+              static_cast<float*>(dst)[at] = tmp[fi];
+            }
+          }
+        } else if (bf16) {
+          StoreBf16(static_cast<uint16_t*>(dst) + (out_base + qw) * cs, v, smask);
         } else {
-          _mm512_mask_storeu_ps(static_cast<float*>(dst) + (out_base + qw) * f, fmask, v);
+          _mm512_mask_storeu_ps(static_cast<float*>(dst) + (out_base + qw) * cs, smask, v);
         }
       }
     }
@@ -233,6 +252,8 @@ void FirstBlockKernel::BackwardWeights(const float* src, const float* weights, c
   const float inv = 1.f / static_cast<float>(p * p * p);
   const float alpha = alpha_;
   const bool bf16 = bf16_;
+  const int cs = cs_;
+  const int64_t q3 = int64_t{q} * q * q;
   const uint16_t* mask = mask_.data();
   const int64_t rows = int64_t{n} * qp * qp;
   int used_threads = 1;
@@ -255,8 +276,20 @@ void FirstBlockKernel::BackwardWeights(const float* src, const float* weights, c
       const int64_t g_base = ((int64_t{ni} * q + d / p) * q + h / p) * q;
       const uint16_t* mrow = mask + ((int64_t{ni} * qp + d) * qp + h) * qp;
       for (int qw = 0; qw < q; ++qw) {
-        __m512 g = bf16 ? LoadBf16(static_cast<const uint16_t*>(diff_dst) + (g_base + qw) * f, fmask)
-                        : _mm512_maskz_loadu_ps(fmask, static_cast<const float*>(diff_dst) + (g_base + qw) * f);
+        __m512 g;
+        if (cs == 0) {  // planar NCDHW: gather the filter lanes from their planes
+          alignas(64) float tmp[kLanes] = {};
+          const int64_t voxel = g_base - int64_t{ni} * q3 + qw;
+          for (int fi = 0; fi < f; ++fi) {
+            const int64_t at = (int64_t{ni} * f + fi) * q3 + voxel;
+            tmp[fi] = bf16 ? nn_internal::Bf16ToF32(static_cast<const uint16_t*>(diff_dst)[at])
+                           : static_cast<const float*>(diff_dst)[at];
+          }
+          g = _mm512_load_ps(tmp);
+        } else {
+          g = bf16 ? LoadBf16(static_cast<const uint16_t*>(diff_dst) + (g_base + qw) * cs, fmask)
+                   : _mm512_maskz_loadu_ps(fmask, static_cast<const float*>(diff_dst) + (g_base + qw) * cs);
+        }
         g = _mm512_mul_ps(g, inv_v);
         const __m512 ga = _mm512_mul_ps(g, alpha_v);
         for (int pw = 0; pw < p; ++pw) {

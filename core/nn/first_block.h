@@ -10,7 +10,12 @@
 // input cube is never computed.
 //
 // Layouts: input  N x 1 x S^3 fp32 (plain);
-//          output N x Q^3 x F (channels last = oneDNN ndhwc), fp32 or bf16, Q = (S-K+1)/P;
+//          output channels last with a channel stride CS in [F, 16]: N x Q^3 x CS, fp32 or bf16,
+//          Q = (S-K+1)/P; lanes F..CS-1 are written as zeros. CS = F is oneDNN's ndhwc, CS = 8 or
+//          16 its nCdhw8c / nCdhw16c with one channel block (padded): the network picks whichever
+//          the next convolution prefers (oneDNN 2.6 falls back to ref:any for a training conv on
+//          ndhwc, while inference prefers ndhwc). CS = 0 means planar NCDHW (what a training conv
+//          with fewer than 16 input channels wants).
 //          diff of the output in the same layout and type.
 // Weights/grads: plain OIDHW (F,1,K,K,K) fp32 and bias (F) fp32, read/written directly.
 // Threading: OpenMP over output rows; per-thread partial gradients are summed in thread order, so
@@ -27,19 +32,19 @@ class FirstBlockKernel {
   static bool Supported(int side, int filters, int kernel, int stride, bool same_padding, int pool);
 
   FirstBlockKernel(int batch, int side, int filters, int kernel, float alpha, int pool, bool bf16_out,
-                   bool training);
+                   bool training, int channel_stride);
 
   int pooled_side() const { return q_; }
   double ConvFlops() const;  // 2 * K^3 * F * O^3 * batch (the conv part, as ForwardFlops counts)
 
-  // dst: N x Q^3 x F (fp32 or bf16 as constructed). Records the ReLU masks when training.
+  // dst: N x Q^3 x CS (fp32 or bf16 as constructed). Records the ReLU masks when training.
   void Forward(const float* src, const float* weights, const float* bias, void* dst);
   // diff_dst: dLoss/d(pooled output), same layout and type as dst. Overwrites grad_w and grad_b.
   void BackwardWeights(const float* src, const float* weights, const float* bias, const void* diff_dst,
                        float* grad_w, float* grad_b);
 
  private:
-  int n_, s_, f_, k_, p_, o_, q_;
+  int n_, s_, f_, k_, p_, cs_, o_, q_;
   float alpha_;
   bool bf16_, training_;
   int threads_;

@@ -215,6 +215,25 @@ struct FusedLeakyBwd {
   }
 };
 
+bool IsRef(const char* impl) { return std::string(impl).rfind("ref", 0) == 0; }
+
+// Whether oneDNN has non-reference backward kernels for a conv with this concrete src layout.
+bool BackwardIsJit(Ctx& c, const memory::desc& src_md, const dnnl::convolution_forward::primitive_desc& fwd_pd,
+                   int64_t oc, int64_t ic, int64_t k, const memory::desc& b_md, const Dims& strides,
+                   const Dims& padl, const Dims& padr) {
+  auto w = dnnl::convolution_backward_weights::primitive_desc(
+      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md,
+                                               memory::desc({oc, ic, k, k, k}, Dt::f32, Tag::any), b_md,
+                                               fwd_pd.dst_desc(), strides, padl, padr),
+      c.eng, fwd_pd);
+  auto d = dnnl::convolution_backward_data::primitive_desc(
+      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md,
+                                            memory::desc({oc, ic, k, k, k}, c.dt, Tag::any), fwd_pd.dst_desc(),
+                                            strides, padl, padr),
+      c.eng, fwd_pd);
+  return !IsRef(w.impl_info_str()) && !IsRef(d.impl_info_str());
+}
+
 class ConvOp : public Op {
  public:
   ConvOp(std::string name, Ctx& c, const memory::desc& in_md, const memory& in, const LayerSpec& l,
@@ -241,10 +260,28 @@ class ConvOp : public Op {
     memory::desc b_md({oc}, Dt::f32, Tag::x);
     memory::desc d_any({n, oc, out, out, out}, c.dt, Tag::any);
     auto prop = c.training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
-    fwd_pd_ = dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, src_md, w_any, b_md, d_any,
-                                        strides, padl, padr),
-        LeakyAttr(fuse_leaky, alpha), c.eng);
+    auto make_fwd = [&](const memory::desc& s_md) {
+      return dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, s_md, w_any, b_md, d_any,
+                                          strides, padl, padr),
+          LeakyAttr(fuse_leaky, alpha), c.eng);
+    };
+    // Take the incoming layout when real kernels handle it (forward, and in training both backward
+    // passes); if oneDNN would fall back to its reference loops, let it choose the src layout and
+    // reorder into it (and diff_src back).
+    fwd_pd_ = make_fwd(src_md);
+    conv_src_md_ = src_md;
+    conv_src_ = src;
+    if (IsRef(fwd_pd_.impl_info_str()) ||
+        (c.training && !BackwardIsJit(c, src_md, fwd_pd_, oc, ic, k, b_md, strides, padl, padr))) {
+      fwd_pd_ = make_fwd(memory::desc(in_dims, c.dt, Tag::any));
+      if (fwd_pd_.src_desc() != src_md) {
+        conv_src_md_ = fwd_pd_.src_desc();
+        conv_src_ = memory(conv_src_md_, c.eng);
+        src_reorder_ = dnnl::reorder(src, conv_src_);
+        reorder_src_ = true;
+      }
+    }
     fwd_ = dnnl::convolution_forward(fwd_pd_);
     dst_md = fwd_pd_.dst_desc();
     dst = memory(dst_md, c.eng);
@@ -253,7 +290,7 @@ class ConvOp : public Op {
     params = {w_index, w_index + 1};
     if (c.training) {
       bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(
-          dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md,
+          dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, conv_src_md_,
                                                    memory::desc({oc, ic, k, k, k}, Dt::f32, Tag::any), b_md,
                                                    dst_md, strides, padl, padr),
           c.eng, fwd_pd_);
@@ -262,8 +299,8 @@ class ConvOp : public Op {
       wgrad_.Init(c, w_plain, w.grad.data(), bwd_w_pd_.diff_weights_desc());
       diff_bias_ = memory(b_md, c.eng, b.grad.data());
       bwd_d_pd_ = dnnl::convolution_backward_data::primitive_desc(
-          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md, w_any, dst_md,
-                                                strides, padl, padr),
+          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, conv_src_md_, w_any,
+                                                dst_md, strides, padl, padr),
           c.eng, fwd_pd_);
       auto bwd_w_md = bwd_d_pd_.weights_desc();
       weights_.Init(c, w_plain, w.value.data(), fwd_pd_.weights_desc(), &bwd_w_md);
@@ -278,27 +315,39 @@ class ConvOp : public Op {
     bwd_d_ = dnnl::convolution_backward_data(bwd_d_pd_);
     has_bwd_d_ = true;
     impl_ += std::string(" bwd_d=") + bwd_d_pd_.impl_info_str();
+    if (reorder_src_) {
+      conv_diff_src_ = memory(conv_src_md_, c.eng);
+      diff_src_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(c.eng, conv_src_md_, c.eng, src_md));
+    }
   }
 
   void Forward(Ctx& c) override {
-    fwd_.execute(c.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_.fwd}, {DNNL_ARG_BIAS, bias_},
+    if (reorder_src_) src_reorder_.execute(c.strm, src, conv_src_);
+    fwd_.execute(c.strm, {{DNNL_ARG_SRC, conv_src_}, {DNNL_ARG_WEIGHTS, weights_.fwd}, {DNNL_ARG_BIAS, bias_},
                           {DNNL_ARG_DST, dst}});
   }
   void Backward(Ctx& c, bool need_diff_src) override {
     leaky_bwd_.Run(c, dst, diff_dst);
-    bwd_w_.execute(c.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
+    bwd_w_.execute(c.strm, {{DNNL_ARG_SRC, conv_src_}, {DNNL_ARG_DIFF_DST, diff_dst},
                             {DNNL_ARG_DIFF_WEIGHTS, wgrad_.work}, {DNNL_ARG_DIFF_BIAS, diff_bias_}});
     wgrad_.Export(c);
     if (need_diff_src && has_bwd_d_) {
+      memory& out = reorder_src_ ? conv_diff_src_ : diff_src;
       bwd_d_.execute(c.strm, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, weights_.bwd},
-                              {DNNL_ARG_DIFF_SRC, diff_src}});
+                              {DNNL_ARG_DIFF_SRC, out}});
+      if (reorder_src_) diff_src_reorder_.execute(c.strm, conv_diff_src_, diff_src);
     }
   }
   void RefreshWeights(Ctx& c) override { weights_.Refresh(c); }
   double FwdFlops() const override { return flops_; }
   double BwdFlops(bool need_diff_src) const override { return flops_ * (need_diff_src ? 2 : 1); }
+  std::string Impl() const override { return impl_ + (reorder_src_ ? " (src reordered)" : ""); }
 
  private:
+  memory::desc conv_src_md_;
+  memory conv_src_, conv_diff_src_;
+  dnnl::reorder src_reorder_, diff_src_reorder_;
+  bool reorder_src_ = false;
   double flops_ = 0;
   dnnl::convolution_forward::primitive_desc fwd_pd_;
   dnnl::convolution_forward fwd_;
@@ -537,14 +586,14 @@ class DropoutOp : public Op {
 class FirstBlockOp : public Op {
  public:
   FirstBlockOp(std::string name, Ctx& c, const LayerSpec& conv, float alpha, int pool, int side,
-               ParamStore& w, ParamStore& b, int w_index)
+               const memory::desc& dst_desc, int channel_stride, ParamStore& w, ParamStore& b, int w_index)
       : Op(std::move(name)),
-        kernel_(c.batch, side, conv.filters, conv.kernel, alpha, pool, c.dt == Dt::bf16, c.training) {
+        kernel_(c.batch, side, conv.filters, conv.kernel, alpha, pool, c.dt == Dt::bf16, c.training,
+                channel_stride) {
     params = {w_index, w_index + 1};
     w_ = &w;
     b_ = &b;
-    const int64_t out = kernel_.pooled_side();
-    dst_md = memory::desc({c.batch, conv.filters, out, out, out}, c.dt, Tag::ndhwc);
+    dst_md = dst_desc;
     dst = memory(dst_md, c.eng);
     impl_ = "cosmoflow:first_block(conv+leaky+avgpool, avx512)";
   }
@@ -564,6 +613,51 @@ class FirstBlockOp : public Op {
   ParamStore* w_ = nullptr;
   ParamStore* b_ = nullptr;
 };
+
+// Index of the layout in `candidates` that a conv `l` on src dims `dims` picks with src = any
+// (0 if it picks none of them).
+int PreferredSrcLayout(Ctx& c, const Dims& dims, const LayerSpec& l,
+                       const std::vector<std::pair<memory::desc, int>>& candidates) {
+  const int64_t side = dims[2], k = l.kernel, s = l.stride;
+  int64_t out, pl = 0, pr = 0;
+  if (l.same_padding) {
+    out = (side + s - 1) / s;
+    int64_t total = std::max<int64_t>((out - 1) * s + k - side, 0);
+    pl = total / 2;
+    pr = total - pl;
+  } else {
+    out = (side - k) / s + 1;
+  }
+  auto prop = c.training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+  auto pd = dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct,
+                                      memory::desc(dims, c.dt, Tag::any),
+                                      memory::desc({l.filters, dims[1], k, k, k}, c.dt, Tag::any),
+                                      memory::desc({l.filters}, Dt::f32, Tag::x),
+                                      memory::desc({dims[0], l.filters, out, out, out}, c.dt, Tag::any), {s, s, s},
+                                      {pl, pl, pl}, {pr, pr, pr}),
+      c.eng);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (pd.src_desc() == candidates[i].first && !c.training) return static_cast<int>(i);
+  }
+  // Training: the first candidate whose forward and backward kernels are all real (not ref).
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    auto fwd = dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, candidates[i].first,
+                                        memory::desc({l.filters, dims[1], k, k, k}, c.dt, Tag::any),
+                                        memory::desc({l.filters}, Dt::f32, Tag::x),
+                                        memory::desc({dims[0], l.filters, out, out, out}, c.dt, Tag::any),
+                                        {s, s, s}, {pl, pl, pl}, {pr, pr, pr}),
+        c.eng);
+    if (IsRef(fwd.impl_info_str())) continue;
+    if (!c.training || BackwardIsJit(c, candidates[i].first, fwd, l.filters, dims[1], k,
+                                     memory::desc({l.filters}, Dt::f32, Tag::x), {s, s, s}, {pl, pl, pl},
+                                     {pr, pr, pr})) {
+      return static_cast<int>(i);
+    }
+  }
+  return 0;
+}
 
 class NetworkImpl : public Network {
  public:
@@ -718,8 +812,22 @@ Status NetworkImpl::Build(const ModelSpec& spec, const NetworkOptions& options) 
                                   L[0].same_padding, L[2].size)) {
     int w = AddParam("conv0.weights", {L[0].filters, 1, L[0].kernel, L[0].kernel, L[0].kernel});
     AddParam("conv0.bias", {L[0].filters});
+    const int64_t f = L[0].filters, q = (side - L[0].kernel + 1) / L[2].size;
+    const Dims dims = {n, f, q, q, q};
+    // Channels-last layouts the kernel can write, in order of preference when nothing decides.
+    std::vector<std::pair<memory::desc, int>> layouts;
+    if (f <= 16) layouts.push_back({memory::desc(dims, ctx_.dt, Tag::nCdhw16c), 16});
+    if (f <= 8) layouts.push_back({memory::desc(dims, ctx_.dt, Tag::nCdhw8c), 8});
+    layouts.push_back({memory::desc(dims, ctx_.dt, Tag::ndhwc), static_cast<int>(f)});
+    layouts.push_back({memory::desc(dims, ctx_.dt, Tag::ncdhw), 0});
+    int pick = 0;
+    if (L.size() > 3 && L[3].type == LayerType::kConv3d) {
+      // Ask oneDNN which src layout the next convolution wants, and write exactly that.
+      pick = PreferredSrcLayout(ctx_, dims, L[3], layouts);
+    }
     auto op = std::make_unique<FirstBlockOp>("conv0+leaky+avg_pool0", ctx_, L[0], L[1].alpha, L[2].size,
-                                             static_cast<int>(side), *stores_[w], *stores_[w + 1], w);
+                                             static_cast<int>(side), layouts[pick].first, layouts[pick].second,
+                                             *stores_[w], *stores_[w + 1], w);
     first_block_ = op.get();
     cur_md = op->dst_md;
     cur = op->dst;

@@ -1,0 +1,122 @@
+// Times one mode of the engine and prints one JSON line in the peer's format
+// (../shared/peers/torch_cosmoflow.py), so run_engine_bench.sh can put them side by side.
+//
+//   engine_bench --model sc18 --mode train --precision bf16 --batch 4 --iters 5 --warmup 2 [--profile]
+//
+// A training step is what the peer's step does: forward, MSE loss gradient, backward, SGD with
+// momentum 0.9 on the fp32 master weights, refresh of the working weights.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/nn/loss.h"
+#include "core/nn/network.h"
+#include "core/nn/optimizer.h"
+
+using namespace cosmoflow;  // NOLINT
+
+int main(int argc, char** argv) {
+  std::string model = "sc18", mode = "train", precision = "fp32";
+  int batch = 4, iters = 5, warmup = 2;
+  bool profile = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "missing value for %s\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--mode") mode = next();
+    else if (a == "--precision") precision = next();
+    else if (a == "--batch") batch = std::stoi(next());
+    else if (a == "--iters") iters = std::stoi(next());
+    else if (a == "--warmup") warmup = std::stoi(next());
+    else if (a == "--profile") profile = true;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  auto spec = BuiltinSpec(model);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    return 2;
+  }
+  auto prec = ParsePrecision(precision);
+  if (!prec.ok()) {
+    std::fprintf(stderr, "%s\n", prec.status().ToString().c_str());
+    return 2;
+  }
+  const bool train = mode == "train";
+  NetworkOptions opts;
+  opts.batch = batch;
+  opts.precision = *prec;
+  opts.training = train;
+  opts.seed = 0;
+  auto net_or = Network::Create(*spec, opts);
+  if (!net_or.ok()) {
+    std::fprintf(stderr, "%s\n", net_or.status().ToString().c_str());
+    return 1;
+  }
+  auto& net = *net_or;
+  net->SetProfiling(profile);
+  const int64_t in = int64_t{spec->input_channels} * spec->input_side * spec->input_side * spec->input_side;
+  const int p = static_cast<int>(spec->outputs.size());
+  std::vector<float> x(in * batch), y(batch * p), target(batch * p), diff(batch * p);
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (auto& v : x) v = u(rng);
+  for (auto& v : target) v = u(rng);
+  OptimizerConfig oc;
+  oc.name = "sgd";
+  oc.momentum = 0.9f;
+  auto opt = Optimizer::Create(oc);
+  if (!opt.ok()) {
+    std::fprintf(stderr, "%s\n", opt.status().ToString().c_str());
+    return 1;
+  }
+  auto step = [&]() {
+    net->Forward(x.data(), y.data());
+    if (train) {
+      ComputeLoss(LossType::kMse, y.data(), target.data(), batch * p, diff.data());
+      net->Backward(diff.data());
+      (*opt)->Step(net->parameters(), 1e-4f);
+      net->ParametersUpdated();
+    }
+  };
+  for (int i = 0; i < warmup; ++i) step();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    step();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const double med = sorted[sorted.size() / 2];
+  const double fwd = spec->ForwardFlops();
+  // Same accounting as the peer: training = 3x forward minus the first layer's data gradient term.
+  const auto& l0 = spec->layers.front();
+  const double fl_first = 2.0 * spec->input_channels * l0.filters * l0.kernel * l0.kernel * l0.kernel;
+  const double per_sample = train ? 3 * fwd - fl_first : fwd;
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("{\"engine\": \"cosmoflow\", \"model\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"batch\": %d, "
+              "\"median_s\": %.5f, \"samples_per_s\": %.4f, \"gflop_per_sample\": %.4f, \"gflops\": %.2f, "
+              "\"peak_rss_mib\": %.1f, \"times_s\": [",
+              model.c_str(), mode.c_str(), precision.c_str(), batch, med, batch / med, per_sample / 1e9,
+              per_sample * batch / med / 1e9, ru.ru_maxrss / 1024.0);
+  for (size_t i = 0; i < times.size(); ++i) std::printf("%s%.4f", i ? ", " : "", times[i]);
+  std::printf("]}\n");
+  if (profile) std::fprintf(stderr, "%s", net->ProfileReport().c_str());
+  return 0;
+}
