@@ -1,13 +1,13 @@
 // cosmoflow-client: the command-line client of cosmoflow-server, for single cubes and scripts.
 // A thin shell: read a cube (core/io), send it, print the answer. See docs/serving.md.
+#include <grpcpp/grpcpp.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <sstream>
-
-#include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/io/dataset.h"
 #include "core/io/npy.h"
@@ -22,14 +22,14 @@ using namespace cosmoflow;
 // Exit codes, stable for scripts (docs/serving.md).
 enum ExitCode {
   kExitOk = 0,
-  kExitOther = 1,         // any other gRPC error (INTERNAL, UNKNOWN, ...)
-  kExitUsage = 2,         // bad flags or command
-  kExitInput = 3,         // the cube file cannot be read or does not match --shape/--dtype
-  kExitUnavailable = 4,   // no server at --address, TLS handshake failed, server shutting down
-  kExitRejected = 5,      // the server refused the request (INVALID_ARGUMENT, FAILED_PRECONDITION,
-                          // RESOURCE_EXHAUSTED, OUT_OF_RANGE, UNAUTHENTICATED, PERMISSION_DENIED)
-  kExitDeadline = 6,      // --timeout passed
-  kExitNotServing = 7,    // health: the server answers but is not SERVING
+  kExitOther = 1,        // any other gRPC error (INTERNAL, UNKNOWN, ...)
+  kExitUsage = 2,        // bad flags or command
+  kExitInput = 3,        // the cube file cannot be read or does not match --shape/--dtype
+  kExitUnavailable = 4,  // no server at --address, TLS handshake failed, server shutting down
+  kExitRejected = 5,     // the server refused the request (INVALID_ARGUMENT, FAILED_PRECONDITION,
+                         // RESOURCE_EXHAUSTED, OUT_OF_RANGE, UNAUTHENTICATED, PERMISSION_DENIED)
+  kExitDeadline = 6,     // --timeout passed
+  kExitNotServing = 7,   // health: the server answers but is not SERVING
 };
 
 constexpr char kUsage[] = R"(usage: cosmoflow-client [flags] predict|info|health [command flags]
@@ -56,16 +56,21 @@ int Fail(int code, const std::string& message) {
 
 int ExitCodeFor(const grpc::Status& s) {
   switch (s.error_code()) {
-    case grpc::StatusCode::OK: return kExitOk;
-    case grpc::StatusCode::UNAVAILABLE: return kExitUnavailable;
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return kExitDeadline;
+    case grpc::StatusCode::OK:
+      return kExitOk;
+    case grpc::StatusCode::UNAVAILABLE:
+      return kExitUnavailable;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return kExitDeadline;
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
     case grpc::StatusCode::OUT_OF_RANGE:
     case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED: return kExitRejected;
-    default: return kExitOther;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return kExitRejected;
+    default:
+      return kExitOther;
   }
 }
 
@@ -73,7 +78,8 @@ int RpcFail(const grpc::Status& s) {
   std::string message = s.error_message();
   for (auto& c : message)
     if (c == '\n') c = ' ';  // one line, always
-  return Fail(ExitCodeFor(s), std::string(StatusCodeName(StatusCode(int(s.error_code())))) + ": " + message);
+  return Fail(ExitCodeFor(s),
+              std::string(StatusCodeName(StatusCode(int(s.error_code())))) + ": " + message);
 }
 
 StatusOr<std::string> ReadText(const std::string& path, const char* what) {
@@ -106,13 +112,15 @@ Status LoadCube(const Flags& flags, v1::PredictRequest* request, bool* usage) {
   auto* cube = request->mutable_cube();
   const std::string layout_name = flags.Get("layout", "channel-first");
   if (layout_name != "channel-first" && layout_name != "channel-last")
-    return InvalidArgumentError("--layout must be channel-first or channel-last, not '" + layout_name + "'");
+    return InvalidArgumentError("--layout must be channel-first or channel-last, not '" +
+                                layout_name + "'");
   const bool channel_last = layout_name == "channel-last";
   const int sources = int(flags.Has("npy")) + int(flags.Has("h5")) + int(flags.Has("raw"));
   if (sources != 1) return InvalidArgumentError("predict needs exactly one of --npy, --h5, --raw");
 
   auto set_cube = [&](const Cube& c) {
-    for (int64_t e : {c.shape().channels, c.shape().depth, c.shape().height, c.shape().width}) cube->add_shape(e);
+    for (int64_t e : {c.shape().channels, c.shape().depth, c.shape().height, c.shape().width})
+      cube->add_shape(e);
     cube->set_dtype(c.dtype() == DType::kInt16 ? v1::DTYPE_INT16 : v1::DTYPE_FLOAT32);
     cube->set_layout(v1::LAYOUT_CHANNEL_FIRST);
     cube->set_data(std::string(static_cast<const char*>(c.raw()), c.size_bytes()));
@@ -131,8 +139,9 @@ Status LoadCube(const Flags& flags, v1::PredictRequest* request, bool* usage) {
   }
   *usage = false;  // from here on, errors are about the input file
   if (flags.Has("npy")) {
-    CF_ASSIGN_OR_RETURN(Cube c, ReadNpy(flags.Get("npy"), channel_last ? AxisLayout::kChannelLast
-                                                                        : AxisLayout::kChannelFirst));
+    CF_ASSIGN_OR_RETURN(
+        Cube c, ReadNpy(flags.Get("npy"),
+                        channel_last ? AxisLayout::kChannelLast : AxisLayout::kChannelFirst));
     set_cube(c);
     return Status::Ok();
   }
@@ -145,9 +154,10 @@ Status LoadCube(const Flags& flags, v1::PredictRequest* request, bool* usage) {
   int64_t elements = 1;
   for (auto e : shape) elements *= e;
   if (int64_t(bytes.size()) != elements * int64_t(DTypeSize(dtype)))
-    return InvalidArgumentError("raw cube file '" + flags.Get("raw") + "' has " + std::to_string(bytes.size()) +
-                                " bytes, but --shape " + flags.Get("shape") + " of " + DTypeName(dtype) +
-                                " needs " + std::to_string(elements * DTypeSize(dtype)));
+    return InvalidArgumentError("raw cube file '" + flags.Get("raw") + "' has " +
+                                std::to_string(bytes.size()) + " bytes, but --shape " +
+                                flags.Get("shape") + " of " + DTypeName(dtype) + " needs " +
+                                std::to_string(elements * DTypeSize(dtype)));
   for (auto e : shape) cube->add_shape(e);
   cube->set_dtype(dtype == DType::kInt16 ? v1::DTYPE_INT16 : v1::DTYPE_FLOAT32);
   cube->set_layout(channel_last ? v1::LAYOUT_CHANNEL_LAST : v1::LAYOUT_CHANNEL_FIRST);
@@ -164,17 +174,21 @@ std::string Format(double v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags({{"address", true}, {"timeout", true}, {"max-message-bytes", true}, {"tls-ca", true},
-               {"tls-cert", true}, {"tls-key", true}, {"tls-server-name", true}, {"npy", true},
-               {"h5", true}, {"dataset", true}, {"index", true}, {"raw", true}, {"shape", true},
-               {"dtype", true}, {"layout", true}, {"json", false}, {"request-id", true},
-               {"model-version", true}, {"service", true}, {"help", false}});
-  if (Status s = flags.Parse(argc, argv); !s.ok()) return Fail(kExitUsage, s.message() + " (see --help)");
+  Flags flags({{"address", true},         {"timeout", true},    {"max-message-bytes", true},
+               {"tls-ca", true},          {"tls-cert", true},   {"tls-key", true},
+               {"tls-server-name", true}, {"npy", true},        {"h5", true},
+               {"dataset", true},         {"index", true},      {"raw", true},
+               {"shape", true},           {"dtype", true},      {"layout", true},
+               {"json", false},           {"request-id", true}, {"model-version", true},
+               {"service", true},         {"help", false}});
+  if (Status s = flags.Parse(argc, argv); !s.ok())
+    return Fail(kExitUsage, s.message() + " (see --help)");
   if (flags.Has("help")) {
     std::cout << kUsage;
     return kExitOk;
   }
-  if (flags.positional().size() != 1) return Fail(kExitUsage, "expected one command: predict, info or health (see --help)");
+  if (flags.positional().size() != 1)
+    return Fail(kExitUsage, "expected one command: predict, info or health (see --help)");
   const std::string command = flags.positional()[0];
   if (command != "predict" && command != "info" && command != "health")
     return Fail(kExitUsage, "unknown command '" + command + "' (predict, info or health)");
@@ -189,7 +203,8 @@ int main(int argc, char** argv) {
   v1::PredictRequest request;
   if (command == "predict") {
     bool usage = false;
-    if (Status s = LoadCube(flags, &request, &usage); !s.ok()) return Fail(usage ? kExitUsage : kExitInput, s.message());
+    if (Status s = LoadCube(flags, &request, &usage); !s.ok())
+      return Fail(usage ? kExitUsage : kExitInput, s.message());
     request.set_request_id(flags.Get("request-id"));
     request.set_model_version(flags.Get("model-version"));
   }
@@ -221,7 +236,8 @@ int main(int argc, char** argv) {
   }
   auto channel = grpc::CreateCustomChannel(address, creds, args);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(int64_t(*timeout * 1000)));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(int64_t(*timeout * 1000)));
   const bool json = flags.Has("json");
 
   if (command == "health") {
@@ -232,7 +248,8 @@ int main(int argc, char** argv) {
     grpc::Status s = stub->Check(&ctx, req, &resp);
     if (!s.ok()) return RpcFail(s);
     std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
-    return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitNotServing;
+    return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk
+                                                                           : kExitNotServing;
   }
 
   auto stub = v1::CosmoFlow::NewStub(channel);
@@ -256,21 +273,28 @@ int main(int argc, char** argv) {
       j["precision"] = info.precision();
       j["outputs"] = nlohmann::json::array();
       for (const auto& o : info.outputs())
-        j["outputs"].push_back({{"name", o.name()}, {"unit", o.unit()}, {"offset", o.offset()}, {"scale", o.scale()}});
-      j["provenance"] = std::map<std::string, std::string>(info.provenance().begin(), info.provenance().end());
+        j["outputs"].push_back(
+            {{"name", o.name()}, {"unit", o.unit()}, {"offset", o.offset()}, {"scale", o.scale()}});
+      j["provenance"] =
+          std::map<std::string, std::string>(info.provenance().begin(), info.provenance().end());
       std::cout << j.dump(2) << "\n";
     } else {
       std::string shape;
-      for (int i = 0; i < info.input_shape_size(); ++i) shape += (i ? "x" : "") + std::to_string(info.input_shape(i));
+      for (int i = 0; i < info.input_shape_size(); ++i)
+        shape += (i ? "x" : "") + std::to_string(info.input_shape(i));
       std::cout << "version          " << info.version() << "\n"
-                << "spec             " << info.spec_name() << " (" << info.num_parameters() << " weights)\n"
-                << "input            " << shape << " int16|float32, transform " << info.input_transform() << "\n"
+                << "spec             " << info.spec_name() << " (" << info.num_parameters()
+                << " weights)\n"
+                << "input            " << shape << " int16|float32, transform "
+                << info.input_transform() << "\n"
                 << "outputs         ";
-      for (const auto& o : info.outputs()) std::cout << " " << o.name() << (o.unit().empty() ? "" : " [" + o.unit() + "]");
+      for (const auto& o : info.outputs())
+        std::cout << " " << o.name() << (o.unit().empty() ? "" : " [" + o.unit() + "]");
       std::cout << "\n"
-                << "checkpoint       " << info.checkpoint_path() << " (step " << info.step() << ", checksum "
-                << info.checksum() << ")\n"
-                << "serving          max batch " << info.max_batch() << ", " << info.precision() << "\n";
+                << "checkpoint       " << info.checkpoint_path() << " (step " << info.step()
+                << ", checksum " << info.checksum() << ")\n"
+                << "serving          max batch " << info.max_batch() << ", " << info.precision()
+                << "\n";
     }
     return kExitOk;
   }
@@ -282,7 +306,8 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json j;
     j["request_id"] = resp.request_id();
     j["model_version"] = resp.model_version();
-    nlohmann::ordered_json params = nlohmann::ordered_json::object(), units = nlohmann::ordered_json::object();
+    nlohmann::ordered_json params = nlohmann::ordered_json::object(),
+                           units = nlohmann::ordered_json::object();
     for (const auto& p : resp.parameters()) {
       params[p.name()] = p.value();
       units[p.name()] = p.unit();
@@ -297,10 +322,12 @@ int main(int argc, char** argv) {
   } else {
     std::printf("%-10s %-16s %s\n", "parameter", "value", "unit");
     for (const auto& p : resp.parameters())
-      std::printf("%-10s %-16s %s\n", p.name().c_str(), Format(p.value()).c_str(), p.unit().c_str());
+      std::printf("%-10s %-16s %s\n", p.name().c_str(), Format(p.value()).c_str(),
+                  p.unit().c_str());
     std::printf("model %s, batch %d, queue %.4f s, compute %.4f s, server total %.4f s\n",
-                resp.model_version().c_str(), resp.timings().batch_size(), resp.timings().queue_seconds(),
-                resp.timings().compute_seconds(), resp.timings().total_seconds());
+                resp.model_version().c_str(), resp.timings().batch_size(),
+                resp.timings().queue_seconds(), resp.timings().compute_seconds(),
+                resp.timings().total_seconds());
   }
   return kExitOk;
 }

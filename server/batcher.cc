@@ -125,7 +125,8 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
                          " s in the queue, before the cube was computed"),
               {});
     } else if (r->cancelled && r->cancelled()) {
-      r->done(Status(StatusCode::kCancelled, "the request was cancelled before it was computed"), {});
+      r->done(Status(StatusCode::kCancelled, "the request was cancelled before it was computed"),
+              {});
     } else if (!model) {
       r->done(UnavailableError("no model is loaded"), {});
     } else {
@@ -151,9 +152,10 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
     } else if (r->cube.shape == want) {
       CubeToNetworkInput(r->cube, spec.input_transform, dst);
     } else {
-      r->done(FailedPreconditionError("the model changed to " + model->version() + ", which takes " +
-                                      want.ToString() + " cubes, while the request waited"),
-              {});
+      r->done(
+          FailedPreconditionError("the model changed to " + model->version() + ", which takes " +
+                                  want.ToString() + " cubes, while the request waited"),
+          {});
       continue;
     }
     computed.push_back(r);
@@ -169,7 +171,8 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
   for (int i = 0; i < m; ++i) {
     InferenceRequest* r = computed[i];
     InferenceResult result;
-    result.values.assign(batch_output_.begin() + size_t(i) * p, batch_output_.begin() + size_t(i + 1) * p);
+    result.values.assign(batch_output_.begin() + size_t(i) * p,
+                         batch_output_.begin() + size_t(i + 1) * p);
     result.model = model;
     result.queue_seconds = Seconds(start - r->enqueued);
     result.compute_seconds = compute_seconds;

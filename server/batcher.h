@@ -28,19 +28,19 @@
 namespace cosmoflow {
 
 struct InferenceResult {
-  std::vector<float> values;              // P outputs in physical units, spec order
-  std::shared_ptr<const Model> model;     // the model that computed them
+  std::vector<float> values;           // P outputs in physical units, spec order
+  std::shared_ptr<const Model> model;  // the model that computed them
   double queue_seconds = 0;
   double compute_seconds = 0;
   int batch_size = 0;
 };
 
 struct InferenceRequest {
-  CubeView cube;                      // validated; its bytes must outlive `done`
-  std::vector<float> input;           // the transformed network input, made for `prepared_for`
+  CubeView cube;             // validated; its bytes must outlive `done`
+  std::vector<float> input;  // the transformed network input, made for `prepared_for`
   std::shared_ptr<const Model> prepared_for;
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
-  std::function<bool()> cancelled;    // optional; polled before computing
+  std::function<bool()> cancelled;  // optional; polled before computing
   // Called exactly once with OK and the result, or the reason the request was not computed.
   std::function<void(const Status&, InferenceResult&&)> done;
   std::chrono::steady_clock::time_point enqueued;  // set by Submit

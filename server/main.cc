@@ -48,11 +48,23 @@ bool WriteFile(const std::string& path, const std::string& text) {
 
 int main(int argc, char** argv) {
   using namespace cosmoflow;
-  Flags flags({{"checkpoint", true}, {"address", true}, {"metrics-address", true}, {"max-batch", true},
-               {"max-queue-delay-ms", true}, {"max-queue", true}, {"max-prepare-wait-ms", true}, {"max-message-bytes", true},
-               {"precision", true}, {"watch-interval-ms", true}, {"drain-timeout-s", true},
-               {"tls-cert", true}, {"tls-key", true}, {"tls-client-ca", true}, {"port-file", true},
-               {"metrics-port-file", true}, {"help", false}});
+  Flags flags({{"checkpoint", true},
+               {"address", true},
+               {"metrics-address", true},
+               {"max-batch", true},
+               {"max-queue-delay-ms", true},
+               {"max-queue", true},
+               {"max-prepare-wait-ms", true},
+               {"max-message-bytes", true},
+               {"precision", true},
+               {"watch-interval-ms", true},
+               {"drain-timeout-s", true},
+               {"tls-cert", true},
+               {"tls-key", true},
+               {"tls-client-ca", true},
+               {"port-file", true},
+               {"metrics-port-file", true},
+               {"help", false}});
   auto usage_error = [](const std::string& message) {
     std::cerr << "cosmoflow-server: " << message << "\n" << kUsage;
     return 2;
@@ -62,7 +74,8 @@ int main(int argc, char** argv) {
     std::cout << kUsage;
     return 0;
   }
-  if (!flags.positional().empty()) return usage_error("unexpected argument '" + flags.positional()[0] + "'");
+  if (!flags.positional().empty())
+    return usage_error("unexpected argument '" + flags.positional()[0] + "'");
   if (!flags.Has("checkpoint")) return usage_error("--checkpoint is required");
 
   ServerOptions options;
@@ -80,8 +93,9 @@ int main(int argc, char** argv) {
   auto watch_ms = flags.GetInt("watch-interval-ms", 1000);
   auto drain_s = flags.GetDouble("drain-timeout-s", 30);
   auto precision = ParsePrecision(flags.Get("precision", "fp32"));
-  for (const Status& s : {max_batch.status(), delay_ms.status(), prepare_ms.status(), max_queue.status(), max_message.status(),
-                          watch_ms.status(), drain_s.status(), precision.status()})
+  for (const Status& s :
+       {max_batch.status(), delay_ms.status(), prepare_ms.status(), max_queue.status(),
+        max_message.status(), watch_ms.status(), drain_s.status(), precision.status()})
     if (!s.ok()) return usage_error(s.message());
   if (*delay_ms < 0 || *prepare_ms < 0 || *watch_ms < 0 || *drain_s < 0)
     return usage_error("durations must not be negative");

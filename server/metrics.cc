@@ -1,8 +1,8 @@
 #include "server/metrics.h"
 
-#include <exception>
-
 #include <prometheus/text_serializer.h>
+
+#include <exception>
 
 namespace cosmoflow {
 namespace {
@@ -22,10 +22,11 @@ Histogram::BucketBoundaries LatencyBuckets() {
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      requests_(BuildCounter()
-                    .Name("cosmoflow_requests_total")
-                    .Help("Finished requests (a stream counts each message) by method and gRPC code")
-                    .Register(*registry_)),
+      requests_(
+          BuildCounter()
+              .Name("cosmoflow_requests_total")
+              .Help("Finished requests (a stream counts each message) by method and gRPC code")
+              .Register(*registry_)),
       request_duration_(BuildHistogram()
                             .Name("cosmoflow_request_duration_seconds")
                             .Help("Time from a request's arrival to its reply, by method")
@@ -60,10 +61,11 @@ Metrics::Metrics()
                        .Help("Cubes waiting in the batcher queue")
                        .Register(*registry_)
                        .Add({})),
-      model_info_(BuildGauge()
-                      .Name("cosmoflow_model_info")
-                      .Help("The model being served (value 1; version, spec and checksum as labels)")
-                      .Register(*registry_)),
+      model_info_(
+          BuildGauge()
+              .Name("cosmoflow_model_info")
+              .Help("The model being served (value 1; version, spec and checksum as labels)")
+              .Register(*registry_)),
       load_duration_(BuildGauge()
                          .Name("cosmoflow_model_load_duration_seconds")
                          .Help("Time to read, verify, build and warm up the current model")
@@ -75,9 +77,9 @@ Metrics::Metrics()
                           .Register(*registry_)
                           .Add({})),
       reloads_(BuildCounter()
-                    .Name("cosmoflow_model_reloads_total")
-                    .Help("Model reload attempts by result")
-                    .Register(*registry_)),
+                   .Name("cosmoflow_model_reloads_total")
+                   .Help("Model reload attempts by result")
+                   .Register(*registry_)),
       reload_success_(reloads_.Add({{"result", "success"}})),
       reload_failure_(reloads_.Add({{"result", "failure"}})) {}
 

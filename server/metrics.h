@@ -6,18 +6,18 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <utility>
-
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
 
 #include "core/base/status.h"
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <functional>
 #include <cstdio>
+#include <functional>
 
 #include "core/base/log.h"
 
@@ -24,7 +24,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& path, const Mode
     return InvalidArgumentError("max batch " + std::to_string(options.max_batch) +
                                 " is outside [1, 256]");
   auto fail = [&](const Status& s) {
-    return Status(StatusCode::kFailedPrecondition, "cannot load model from '" + path + "': " + s.message());
+    return Status(StatusCode::kFailedPrecondition,
+                  "cannot load model from '" + path + "': " + s.message());
   };
 
   std::string file = path;
@@ -65,7 +66,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& path, const Mode
     net_options.precision = options.precision;
     net_options.training = false;
     auto net = Network::Create(spec, net_options);
-    if (!net.ok()) return fail(net.status().WithContext("building the network for batch " + std::to_string(n)));
+    if (!net.ok())
+      return fail(net.status().WithContext("building the network for batch " + std::to_string(n)));
     if (Status s = (*net)->LoadParameters(model->checkpoint_.weights); !s.ok()) return fail(s);
     // Warm-up: the first pass pays for page faults and JIT; outputs must be finite or the
     // checkpoint is refused (a diverged model must not replace a working one).
@@ -74,7 +76,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& path, const Mode
     (*net)->Forward(warm_src.data(), warm_dst.data());
     for (float v : warm_dst)
       if (!std::isfinite(v))
-        return fail(DataLossError("warm-up forward pass gave a non-finite output (diverged weights?)"));
+        return fail(
+            DataLossError("warm-up forward pass gave a non-finite output (diverged weights?)"));
     model->networks_.push_back(std::move(*net));
   }
   // Weights now live in the networks; ModelInfo needs only names, not values.
@@ -105,7 +108,8 @@ void Model::Forward(int n, const float* src, float* physical_dst) {
     for (auto& net : networks_) {
       const int b = net->options().batch;
       if (b > n - done) continue;
-      net->Forward(src + size_t(done) * input_elements(), normalised_.data() + size_t(done) * num_outputs());
+      net->Forward(src + size_t(done) * input_elements(),
+                   normalised_.data() + size_t(done) * num_outputs());
       done += b;
       break;
     }

@@ -1,12 +1,12 @@
 // A servable model: a verified checkpoint turned into one inference Network per batch size.
 //
-// Load() reads and verifies the checkpoint (format, checksum, spec), builds a Network for each batch
-// size 1, 2, 4, ... up to max_batch (and max_batch itself), loads the weights and warms every network
-// up with one forward pass whose outputs must be finite. A batch of n cubes runs as the fewest of
-// those sizes that sum to n (e.g. 3 = 2 + 1): never padded, and memory stays at about 2 x max_batch
-// cubes of activations instead of max_batch^2 / 2 for one network per size. Anything that fails is a
-// FAILED_PRECONDITION naming the file and the check, and no model is returned: a server keeps
-// serving its previous model.
+// Load() reads and verifies the checkpoint (format, checksum, spec), builds a Network for each
+// batch size 1, 2, 4, ... up to max_batch (and max_batch itself), loads the weights and warms every
+// network up with one forward pass whose outputs must be finite. A batch of n cubes runs as the
+// fewest of those sizes that sum to n (e.g. 3 = 2 + 1): never padded, and memory stays at about 2 x
+// max_batch cubes of activations instead of max_batch^2 / 2 for one network per size. Anything that
+// fails is a FAILED_PRECONDITION naming the file and the check, and no model is returned: a server
+// keeps serving its previous model.
 //
 // Thread-safety: metadata accessors are safe from any thread. Forward() is not: only one thread
 // (the batcher's worker) may call it at a time.
@@ -35,7 +35,8 @@ class Model {
  public:
   // `path` is a checkpoint file, or a directory whose newest valid checkpoint is taken
   // (FindLatestCheckpoint).
-  static StatusOr<std::shared_ptr<Model>> Load(const std::string& path, const ModelOptions& options);
+  static StatusOr<std::shared_ptr<Model>> Load(const std::string& path,
+                                               const ModelOptions& options);
 
   const ModelSpec& spec() const { return checkpoint_.spec; }
   const Checkpoint& checkpoint() const { return checkpoint_; }

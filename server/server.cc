@@ -1,13 +1,12 @@
 #include "server/server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <sys/stat.h>
 
 #include <fstream>
 #include <sstream>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "core/base/log.h"
 #include "proto/cosmoflow.grpc.pb.h"
@@ -17,7 +16,8 @@ namespace cosmoflow {
 
 grpc::Status ToGrpcStatus(const Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(status.code())), status.message());
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(status.code())),
+                      status.message());
 }
 
 namespace {
@@ -44,9 +44,15 @@ void FillModelInfo(const Model& model, const ServerOptions& options, v1::ModelIn
   info->add_accepted_dtypes(v1::DTYPE_INT16);
   info->add_accepted_dtypes(v1::DTYPE_FLOAT32);
   switch (spec.input_transform) {
-    case InputTransform::kNone: info->set_input_transform("none"); break;
-    case InputTransform::kLog1p: info->set_input_transform("log1p"); break;
-    case InputTransform::kDivideByMean: info->set_input_transform("divide_by_mean"); break;
+    case InputTransform::kNone:
+      info->set_input_transform("none");
+      break;
+    case InputTransform::kLog1p:
+      info->set_input_transform("log1p");
+      break;
+    case InputTransform::kDivideByMean:
+      info->set_input_transform("divide_by_mean");
+      break;
   }
   for (const auto& o : spec.outputs) {
     auto* out = info->add_outputs();
@@ -121,8 +127,9 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       return FailedPreconditionError(field + ".model_version is '" + request.model_version() +
                                      "' but the server runs '" + model->version() + "'");
     const ModelSpec& spec = model->spec();
-    CF_ASSIGN_OR_RETURN(CubeView view, ValidateCube(request.cube(), {spec.input_channels, spec.input_side},
-                                                    field + ".cube"));
+    CF_ASSIGN_OR_RETURN(
+        CubeView view,
+        ValidateCube(request.cube(), {spec.input_channels, spec.input_side}, field + ".cube"));
     auto item = std::make_unique<InferenceRequest>();
     item->cube = view;
     item->input.resize(model->input_elements());
@@ -139,7 +146,8 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     server_->metrics_.RecordRequest(method, CodeName(status.error_code()), SecondsSince(start));
   }
 
-  grpc::ServerUnaryReactor* Predict(grpc::CallbackServerContext* ctx, const v1::PredictRequest* request,
+  grpc::ServerUnaryReactor* Predict(grpc::CallbackServerContext* ctx,
+                                    const v1::PredictRequest* request,
                                     v1::PredictResponse* response) override {
     const auto start = Clock::now();
     auto* reactor = ctx->DefaultReactor();
@@ -174,12 +182,14 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     };
     const int n = request->requests_size();
     if (n == 0) {
-      finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "requests is empty (send at least one cube)"));
+      finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "requests is empty (send at least one cube)"));
       return reactor;
     }
     if (n > server_->options_.max_queue) {
       finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "requests has " + std::to_string(n) + " cubes, more than the queue holds (" +
+                          "requests has " + std::to_string(n) +
+                              " cubes, more than the queue holds (" +
                               std::to_string(server_->options_.max_queue) + "); split the batch"));
       return reactor;
     }
@@ -203,7 +213,8 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       }
       const auto& sub = request->requests(i);
       auto* out = response->mutable_responses(i);
-      (*item)->done = [state, &sub, out, start, finish, response](const Status& s, InferenceResult&& r) {
+      (*item)->done = [state, &sub, out, start, finish, response](const Status& s,
+                                                                  InferenceResult&& r) {
         bool last;
         Status error;
         {
@@ -235,7 +246,8 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     return new StreamReactor(this, ctx);
   }
 
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest*,
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
+                                         const v1::GetModelInfoRequest*,
                                          v1::ModelInfo* info) override {
     const auto start = Clock::now();
     auto* reactor = ctx->DefaultReactor();
@@ -243,7 +255,8 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     if (auto model = server_->batcher_->model()) {
       FillModelInfo(*model, server_->options_, info);
     } else {
-      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no model is loaded yet (the server is starting)");
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "no model is loaded yet (the server is starting)");
     }
     Record("GetModelInfo", status, start);
     reactor->Finish(status);
@@ -257,8 +270,8 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     auto* reactor = ctx->DefaultReactor();
     // Loading builds and warms up networks: seconds of compute, so it runs on the reload thread.
     server_->ReloadAsync(request->checkpoint_path(),
-                         [this, reactor, response, start](const StatusOr<std::shared_ptr<Model>>& model,
-                                                          bool changed) {
+                         [this, reactor, response, start](
+                             const StatusOr<std::shared_ptr<Model>>& model, bool changed) {
                            grpc::Status status = ToGrpcStatus(model.status());
                            if (model.ok()) {
                              FillModelInfo(**model, server_->options_, response->mutable_model());
@@ -276,9 +289,11 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
   // A bad message gets an error reply and the stream goes on. The reactor deletes itself in
   // OnDone, which gRPC calls only after Finish, and Finish is called only once reading has ended,
   // no cube is in the batcher and no write is pending; so no batcher callback can outlive it.
-  class StreamReactor final : public grpc::ServerBidiReactor<v1::PredictRequest, v1::PredictStreamResponse> {
+  class StreamReactor final
+      : public grpc::ServerBidiReactor<v1::PredictRequest, v1::PredictStreamResponse> {
    public:
-    StreamReactor(Service* service, grpc::CallbackServerContext* ctx) : service_(service), ctx_(ctx) {
+    StreamReactor(Service* service, grpc::CallbackServerContext* ctx)
+        : service_(service), ctx_(ctx) {
       incoming_ = std::make_unique<v1::PredictRequest>();
       StartRead(incoming_.get());
     }
@@ -401,7 +416,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     std::unique_ptr<v1::PredictRequest> incoming_;  // target of the one outstanding read
     std::mutex mu_;
     std::deque<std::unique_ptr<v1::PredictStreamResponse>> writes_;  // front() is being written
-    int pending_ = 0;  // cubes in the batcher
+    int pending_ = 0;                                                // cubes in the batcher
     bool reads_done_ = false;
     bool writing_ = false;
     bool broken_ = false;
@@ -417,7 +432,8 @@ namespace {
 
 StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(std::string("cannot read the TLS ") + what + " file '" + path + "'");
+  if (!in)
+    return NotFoundError(std::string("cannot read the TLS ") + what + " file '" + path + "'");
   std::stringstream ss;
   ss << in.rdbuf();
   std::string pem = ss.str();
@@ -432,9 +448,11 @@ InferenceServer::InferenceServer(const ServerOptions& options) : options_(option
 
 StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOptions& options) {
   if (options.max_batch < 1 || options.max_batch > 256)
-    return InvalidArgumentError("--max-batch " + std::to_string(options.max_batch) + " is outside [1, 256]");
+    return InvalidArgumentError("--max-batch " + std::to_string(options.max_batch) +
+                                " is outside [1, 256]");
   if (options.max_queue < 1)
-    return InvalidArgumentError("--max-queue " + std::to_string(options.max_queue) + " must be positive");
+    return InvalidArgumentError("--max-queue " + std::to_string(options.max_queue) +
+                                " must be positive");
   if (options.max_message_bytes < 1024 || options.max_message_bytes > (int64_t{2} << 30) - 1)
     return InvalidArgumentError("--max-message-bytes " + std::to_string(options.max_message_bytes) +
                                 " is outside [1 KiB, 2 GiB)");
@@ -479,14 +497,16 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   builder.SetMaxSendMessageSize(int(options.max_message_bytes));
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0)
-    return UnavailableError("cannot listen on '" + options.address + "' (address in use or invalid?)");
+    return UnavailableError("cannot listen on '" + options.address +
+                            "' (address in use or invalid?)");
   // Nothing is served until a model is loaded and warmed up.
   server->SetServing(false);
   server->reload_thread_ = std::thread([s = server.get()] { s->ReloadLoop(); });
   CF_LOG(INFO) << "listening on port " << server->port_
                << (options.tls_cert.empty() ? " (plaintext)" : " (TLS)")
-               << (options.metrics_address.empty() ? std::string()
-                                                   : ", metrics on port " + std::to_string(server->metrics_port()));
+               << (options.metrics_address.empty()
+                       ? std::string()
+                       : ", metrics on port " + std::to_string(server->metrics_port()));
   return server;
 }
 
@@ -593,7 +613,8 @@ void InferenceServer::ReloadLoop() {
     } else if (options_.watch_interval.count() > 0) {
       std::string latest = ReadLatestPointer();
       if (!latest.empty() && latest != last_latest_) {
-        CF_LOG(INFO) << "LATEST in " << options_.checkpoint << " now names " << latest << ": reloading";
+        CF_LOG(INFO) << "LATEST in " << options_.checkpoint << " now names " << latest
+                     << ": reloading";
         last_latest_ = latest;  // a bad checkpoint is tried once, not every interval
         (void)Reload("");
       }

@@ -11,6 +11,8 @@
 // Thread-safety: every public method may be called from any thread.
 #pragma once
 
+#include <grpcpp/server.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,8 +23,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-
-#include <grpcpp/server.h>
 
 #include "core/base/status.h"
 #include "core/nn/network.h"
@@ -45,8 +45,8 @@ struct ServerOptions {
   // float32 cube). Larger requests get RESOURCE_EXHAUSTED from gRPC itself.
   int64_t max_message_bytes = 64 << 20;
   Precision precision = Precision::kFp32;
-  // How often the reload thread polls a checkpoint directory's LATEST pointer (and the SIGHUP flag);
-  // 0 disables directory watching.
+  // How often the reload thread polls a checkpoint directory's LATEST pointer (and the SIGHUP
+  // flag); 0 disables directory watching.
   std::chrono::milliseconds watch_interval{1000};
   // TLS: PEM files. With cert and key the server speaks TLS only; with client_ca too, clients must
   // present a certificate signed by it.

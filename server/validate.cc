@@ -43,20 +43,31 @@ StatusOr<CubeView> ValidateCube(const v1::Cube& cube, const ExpectedInput& expec
   if (cube.shape().empty() && cube.data().empty() && cube.dtype() == v1::DTYPE_UNSPECIFIED)
     return InvalidArgumentError(field + " is empty (no shape, dtype or data)");
   switch (cube.dtype()) {
-    case v1::DTYPE_INT16: view.dtype = DType::kInt16; break;
-    case v1::DTYPE_FLOAT32: view.dtype = DType::kFloat32; break;
+    case v1::DTYPE_INT16:
+      view.dtype = DType::kInt16;
+      break;
+    case v1::DTYPE_FLOAT32:
+      view.dtype = DType::kFloat32;
+      break;
     case v1::DTYPE_UNSPECIFIED:
-      return InvalidArgumentError(field + ".dtype is unspecified (expected DTYPE_INT16 or DTYPE_FLOAT32)");
+      return InvalidArgumentError(field +
+                                  ".dtype is unspecified (expected DTYPE_INT16 or DTYPE_FLOAT32)");
     default:
-      return InvalidArgumentError(field + ".dtype has unknown value " + std::to_string(cube.dtype()) +
+      return InvalidArgumentError(field + ".dtype has unknown value " +
+                                  std::to_string(cube.dtype()) +
                                   " (expected DTYPE_INT16 or DTYPE_FLOAT32)");
   }
   switch (cube.layout()) {
     case v1::LAYOUT_UNSPECIFIED:
-    case v1::LAYOUT_CHANNEL_FIRST: view.layout = AxisLayout::kChannelFirst; break;
-    case v1::LAYOUT_CHANNEL_LAST: view.layout = AxisLayout::kChannelLast; break;
+    case v1::LAYOUT_CHANNEL_FIRST:
+      view.layout = AxisLayout::kChannelFirst;
+      break;
+    case v1::LAYOUT_CHANNEL_LAST:
+      view.layout = AxisLayout::kChannelLast;
+      break;
     default:
-      return InvalidArgumentError(field + ".layout has unknown value " + std::to_string(cube.layout()) +
+      return InvalidArgumentError(field + ".layout has unknown value " +
+                                  std::to_string(cube.layout()) +
                                   " (expected LAYOUT_CHANNEL_FIRST or LAYOUT_CHANNEL_LAST)");
   }
 
@@ -107,7 +118,9 @@ StatusOr<CubeView> ValidateCube(const v1::Cube& cube, const ExpectedInput& expec
       float v;
       std::memcpy(&v, p + 4 * i, 4);
       if (!(v >= 0.f && v <= std::numeric_limits<float>::max())) {  // catches NaN, Inf, < 0
-        std::string what = std::isnan(v) ? "NaN" : std::isinf(v) ? "infinite value" : "negative value " + std::to_string(v);
+        std::string what = std::isnan(v)   ? "NaN"
+                           : std::isinf(v) ? "infinite value"
+                                           : "negative value " + std::to_string(v);
         return InvalidArgumentError(field + ".data has " + what + " at voxel " +
                                     VoxelName(view.shape, view.layout, i));
       }

@@ -28,7 +28,7 @@ struct ExpectedInput {
 
 // A validated cube: a view of the request's bytes (valid while the request message lives).
 struct CubeView {
-  CubeShape shape;             // channel-first extents
+  CubeShape shape;  // channel-first extents
   DType dtype = DType::kInt16;
   AxisLayout layout = AxisLayout::kChannelFirst;
   const void* data = nullptr;  // shape.elements() * DTypeSize(dtype) bytes, any alignment

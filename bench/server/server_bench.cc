@@ -1,10 +1,12 @@
-// Serving benchmark: a C++ load generator against cosmoflow-server's service on loopback, at several
-// concurrencies, with 128^3 int16 cubes, next to the engine's own forward pass on the same cores.
-// Prints cubes/s, p50/p99 latency, the ratio of served to raw batched throughput, and RSS before and
-// after a bounded soak. Not run by ctest (minutes on two cores).
+// Serving benchmark: a C++ load generator against cosmoflow-server's service on loopback, at
+// several concurrencies, with 128^3 int16 cubes, next to the engine's own forward pass on the same
+// cores. Prints cubes/s, p50/p99 latency, the ratio of served to raw batched throughput, and RSS
+// before and after a bounded soak. Not run by ctest (minutes on two cores).
 //
 //   server_bench [--spec sc18] [--max-batch 4] [--concurrency 1,4,16] [--requests 24]
 //                [--soak-requests 200] [--queue-delay-ms 2] [--repeats 5]
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,8 +17,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "core/nn/checkpoint.h"
 #include "core/nn/network.h"
@@ -56,7 +56,8 @@ std::vector<int16_t> RandomCounts(uint64_t seed, int64_t n) {
 }
 
 // Median seconds of one Forward of a `batch`-cube network (inputs already transformed).
-double RawForwardSeconds(const Checkpoint& ckpt, int batch, int repeats, const std::vector<int16_t>& counts) {
+double RawForwardSeconds(const Checkpoint& ckpt, int batch, int repeats,
+                         const std::vector<int16_t>& counts) {
   NetworkOptions o;
   o.batch = batch;
   auto net = Network::Create(ckpt.spec, o);
@@ -68,7 +69,8 @@ double RawForwardSeconds(const Checkpoint& ckpt, int batch, int repeats, const s
   const int64_t n = int64_t(counts.size());
   std::vector<float> src(size_t(batch) * n), dst(size_t(batch) * ckpt.spec.outputs.size());
   for (int b = 0; b < batch; ++b)
-    ApplyInputTransform(ckpt.spec.input_transform, counts.data(), n, n / ckpt.spec.input_channels, src.data() + b * n);
+    ApplyInputTransform(ckpt.spec.input_transform, counts.data(), n, n / ckpt.spec.input_channels,
+                        src.data() + b * n);
   (*net)->Forward(src.data(), dst.data());  // warm-up
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
@@ -86,7 +88,8 @@ struct LevelResult {
   double mean_batch = 0;
 };
 
-LevelResult RunLevel(v1::CosmoFlow::Stub* stub, const v1::PredictRequest& request, int concurrency, int total) {
+LevelResult RunLevel(v1::CosmoFlow::Stub* stub, const v1::PredictRequest& request, int concurrency,
+                     int total) {
   std::atomic<int> next{0};
   std::vector<std::vector<double>> latencies(concurrency);
   std::vector<int> failures(concurrency, 0);
@@ -129,8 +132,13 @@ LevelResult RunLevel(v1::CosmoFlow::Stub* stub, const v1::PredictRequest& reques
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags({{"spec", true}, {"max-batch", true}, {"concurrency", true}, {"requests", true},
-               {"soak-requests", true}, {"queue-delay-ms", true}, {"repeats", true}});
+  Flags flags({{"spec", true},
+               {"max-batch", true},
+               {"concurrency", true},
+               {"requests", true},
+               {"soak-requests", true},
+               {"queue-delay-ms", true},
+               {"repeats", true}});
   if (Status s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "server_bench: %s\n", s.message().c_str());
     return 2;
@@ -168,17 +176,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", w.status().ToString().c_str());
     return 1;
   }
-  const int64_t voxels = int64_t(spec->input_channels) * spec->input_side * spec->input_side * spec->input_side;
+  const int64_t voxels =
+      int64_t(spec->input_channels) * spec->input_side * spec->input_side * spec->input_side;
   const auto counts = RandomCounts(7, voxels);
 
-  std::printf("# serving benchmark: spec %s, %lld-voxel int16 cubes, max batch %d, queue delay %.1f ms, "
-              "%u hardware threads (medians; noisy when other work shares the cores)\n",
-              spec_name.c_str(), static_cast<long long>(voxels), max_batch, delay_ms,
-              std::thread::hardware_concurrency());
+  std::printf(
+      "# serving benchmark: spec %s, %lld-voxel int16 cubes, max batch %d, queue delay %.1f ms, "
+      "%u hardware threads (medians; noisy when other work shares the cores)\n",
+      spec_name.c_str(), static_cast<long long>(voxels), max_batch, delay_ms,
+      std::thread::hardware_concurrency());
   const double raw1 = RawForwardSeconds(ckpt, 1, repeats, counts);
   const double rawb = RawForwardSeconds(ckpt, max_batch, repeats, counts);
-  std::printf("engine forward  batch 1: %.3f s  (%.2f cubes/s)   batch %d: %.3f s  (%.2f cubes/s)\n", raw1,
-              1 / raw1, max_batch, rawb, max_batch / rawb);
+  std::printf(
+      "engine forward  batch 1: %.3f s  (%.2f cubes/s)   batch %d: %.3f s  (%.2f cubes/s)\n", raw1,
+      1 / raw1, max_batch, rawb, max_batch / rawb);
 
   ServerOptions o;
   o.address = "127.0.0.1:0";
@@ -200,29 +211,31 @@ int main(int argc, char** argv) {
   auto stub = v1::CosmoFlow::NewStub(channel);
   v1::PredictRequest request;
   auto* cube = request.mutable_cube();
-  for (int64_t e : {int64_t(spec->input_channels), int64_t(spec->input_side), int64_t(spec->input_side),
-                    int64_t(spec->input_side)})
+  for (int64_t e : {int64_t(spec->input_channels), int64_t(spec->input_side),
+                    int64_t(spec->input_side), int64_t(spec->input_side)})
     cube->add_shape(e);
   cube->set_dtype(v1::DTYPE_INT16);
   cube->set_data(std::string(reinterpret_cast<const char*>(counts.data()), counts.size() * 2));
 
   RunLevel(stub.get(), request, 1, 2);  // connection and first-call warm-up
-  std::printf("%-12s %10s %10s %10s %10s %14s %12s\n", "concurrency", "cubes/s", "p50 s", "p99 s", "mean batch",
-              "vs raw batch", "p50/forward1");
+  std::printf("%-12s %10s %10s %10s %10s %14s %12s\n", "concurrency", "cubes/s", "p50 s", "p99 s",
+              "mean batch", "vs raw batch", "p50/forward1");
   for (int c : levels) {
     const int total = std::max(requests, 3 * c);
     LevelResult r = RunLevel(stub.get(), request, c, total);
-    std::printf("%-12d %10.2f %10.3f %10.3f %10.2f %13.0f%% %12.2f%s\n", c, r.cubes_per_second, r.p50, r.p99,
-                r.mean_batch, 100 * r.cubes_per_second / (max_batch / rawb), r.p50 / raw1,
-                r.failures ? "  FAILURES" : "");
+    std::printf("%-12d %10.2f %10.3f %10.3f %10.2f %13.0f%% %12.2f%s\n", c, r.cubes_per_second,
+                r.p50, r.p99, r.mean_batch, 100 * r.cubes_per_second / (max_batch / rawb),
+                r.p50 / raw1, r.failures ? "  FAILURES" : "");
   }
 
   if (soak > 0) {
     const double before = RssMiB();
     LevelResult r = RunLevel(stub.get(), request, 4, soak);
     const double after = RssMiB();
-    std::printf("soak: %d requests at concurrency 4, %d failed; RSS %.0f MiB before, %.0f MiB after (%+.1f%%)\n",
-                soak, r.failures, before, after, 100 * (after - before) / before);
+    std::printf(
+        "soak: %d requests at concurrency 4, %d failed; RSS %.0f MiB before, %.0f MiB after "
+        "(%+.1f%%)\n",
+        soak, r.failures, before, after, 100 * (after - before) / before);
   }
   (*server)->Shutdown(std::chrono::seconds(5));
   std::remove(path.c_str());

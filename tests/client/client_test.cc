@@ -1,6 +1,7 @@
 // cosmoflow-client (the CLI) and the Python client example against a real server on loopback:
 // the engine's numbers for .npy, HDF5 and raw input; one-line errors and exit codes.
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/io/dataset.h"
@@ -47,12 +48,15 @@ class ClientTest : public ::testing::Test {
     int status = std::system((command + " > " + out + " 2> " + err).c_str());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFileText(out), ReadFileText(err)};
   }
-  Result Client(const std::string& args) { return Exec(kClient + " --address " + address_ + " " + args); }
+  Result Client(const std::string& args) {
+    return Exec(kClient + " --address " + address_ + " " + args);
+  }
 
   static std::vector<double> JsonValues(const std::string& text) {
     auto j = nlohmann::json::parse(text);
     std::vector<double> v;
-    for (const char* name : {"Omega_M", "sigma_8", "n_s"}) v.push_back(j["parameters"][name].get<double>());
+    for (const char* name : {"Omega_M", "sigma_8", "n_s"})
+      v.push_back(j["parameters"][name].get<double>());
     return v;
   }
 
@@ -65,7 +69,8 @@ class ClientTest : public ::testing::Test {
 
 void ExpectNear(const std::vector<double>& got, const std::vector<double>& want) {
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
 }
 
 TEST_F(ClientTest, NpyHdf5AndRawGiveTheEngineNumbers) {
@@ -93,7 +98,8 @@ TEST_F(ClientTest, NpyHdf5AndRawGiveTheEngineNumbers) {
 
   std::ofstream(dir_ / "cube.raw", std::ios::binary)
       .write(reinterpret_cast<const char*>(counts_.data()), std::streamsize(counts_.size() * 2));
-  Result raw = Client("predict --raw " + (dir_ / "cube.raw") + " --shape 32x32x32 --dtype int16 --json");
+  Result raw =
+      Client("predict --raw " + (dir_ / "cube.raw") + " --shape 32x32x32 --dtype int16 --json");
   ASSERT_EQ(raw.code, 0) << raw.err;
   EXPECT_EQ(JsonValues(raw.out), JsonValues(npy.out));
 
@@ -111,16 +117,17 @@ TEST_F(ClientTest, PythonClientGivesTheSameNumbersAsTheCli) {
   ASSERT_EQ(cli.code, 0) << cli.err;
   const std::string src = COSMOFLOW_SOURCE_DIR;
   Result py = Exec("COSMOFLOW_STUBS_DIR=" + (dir_ / "stubs") + " /usr/bin/python3 " + src +
-                "/tests/client/python_client_check.py " + src + "/client/python " + address_ + " " +
-                (dir_ / "cube.npy"));
+                   "/tests/client/python_client_check.py " + src + "/client/python " + address_ +
+                   " " + (dir_ / "cube.npy"));
   ASSERT_EQ(py.code, 0) << py.err;
   EXPECT_EQ(JsonValues(py.out), JsonValues(cli.out));  // the same doubles, bit for bit
-  EXPECT_EQ(nlohmann::json::parse(py.out)["model_version"], nlohmann::json::parse(cli.out)["model_version"]);
+  EXPECT_EQ(nlohmann::json::parse(py.out)["model_version"],
+            nlohmann::json::parse(cli.out)["model_version"]);
 
   // The example's own command line, too.
   Result main = Exec("COSMOFLOW_STUBS_DIR=" + (dir_ / "stubs") + " /usr/bin/python3 " + src +
-                  "/client/python/cosmoflow_client.py --address " + address_ + " --npy " + (dir_ / "cube.npy") +
-                  " --json");
+                     "/client/python/cosmoflow_client.py --address " + address_ + " --npy " +
+                     (dir_ / "cube.npy") + " --json");
   ASSERT_EQ(main.code, 0) << main.err;
   EXPECT_EQ(JsonValues(main.out), JsonValues(cli.out));
 }
@@ -197,7 +204,7 @@ TEST_F(ClientTest, DeadlineExitCode) {
   ASSERT_TRUE(slow.ok());
   ASSERT_TRUE((*slow)->LoadInitialModel().ok());
   Result r = Exec(kClient + " --address 127.0.0.1:" + std::to_string((*slow)->port()) +
-               " --timeout 0.3 predict --npy " + (dir_ / "cube.npy"));
+                  " --timeout 0.3 predict --npy " + (dir_ / "cube.npy"));
   EXPECT_EQ(r.code, 6) << r.err;
   EXPECT_NE(r.err.find("DEADLINE_EXCEEDED"), std::string::npos) << r.err;
 }

@@ -1,7 +1,8 @@
 // A real Prometheus (Debian's, on loopback) scrapes the server; a query of the request counter
 // returns the number of requests made.
-#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include "server/server.h"
 #include "tests/server/server_test_util.h"
@@ -24,7 +25,8 @@ int FreePort() {
 }
 
 TEST(PrometheusTest, ScrapedCounterEqualsRequestsMade) {
-  if (access("/usr/bin/prometheus", X_OK) != 0) GTEST_SKIP() << "/usr/bin/prometheus is not installed";
+  if (access("/usr/bin/prometheus", X_OK) != 0)
+    GTEST_SKIP() << "/usr/bin/prometheus is not installed";
   TempDir dir;
   ServerOptions o;
   o.address = "127.0.0.1:0";
@@ -52,7 +54,10 @@ TEST(PrometheusTest, ScrapedCounterEqualsRequestsMade) {
       << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
       << "scrape_configs:\n  - job_name: cosmoflow\n    static_configs:\n"
       << "      - targets: ['127.0.0.1:" << (*server)->metrics_port() << "']\n";
-  ASSERT_EQ(std::system(("promtool check config " + (dir / "prometheus.yml") + " > /dev/null 2>&1").c_str()), 0);
+  ASSERT_EQ(
+      std::system(
+          ("promtool check config " + (dir / "prometheus.yml") + " > /dev/null 2>&1").c_str()),
+      0);
   const int prom_port = FreePort();
   pid_t prom = Spawn({"/usr/bin/prometheus", "--config.file=" + (dir / "prometheus.yml"),
                       "--storage.tsdb.path=" + (dir / "tsdb"),
@@ -69,7 +74,8 @@ TEST(PrometheusTest, ScrapedCounterEqualsRequestsMade) {
     return std::stod(result[0]["value"][1].get<std::string>());
   };
   // sum(cosmoflow_requests_total{method="Predict",code="OK"})
-  const std::string ok_query = "sum(cosmoflow_requests_total%7Bmethod%3D%22Predict%22%2Ccode%3D%22OK%22%7D)";
+  const std::string ok_query =
+      "sum(cosmoflow_requests_total%7Bmethod%3D%22Predict%22%2Ccode%3D%22OK%22%7D)";
   double value = -1;
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(45);
   while (std::chrono::steady_clock::now() < until) {

@@ -1,10 +1,10 @@
 // The inference server against real tiny32 checkpoints, over real gRPC on loopback.
 #include "server/server.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "tests/server/server_test_util.h"
 
@@ -17,7 +17,9 @@ using HealthStatus = grpc::health::v1::HealthCheckResponse;
 
 class ServerTest : public ::testing::Test {
  protected:
-  void SetUp() override { checkpoint_ = WriteTinyCheckpoint(dir_ / "a.h5", /*seed=*/1, /*step=*/10); }
+  void SetUp() override {
+    checkpoint_ = WriteTinyCheckpoint(dir_ / "a.h5", /*seed=*/1, /*step=*/10);
+  }
 
   ServerOptions Options() {
     ServerOptions o;
@@ -38,7 +40,8 @@ class ServerTest : public ::testing::Test {
     stub_ = v1::CosmoFlow::NewStub(LoopbackChannel(server_->port()));
   }
 
-  grpc::Status Predict(const v1::PredictRequest& req, v1::PredictResponse* resp, double timeout = 30) {
+  grpc::Status Predict(const v1::PredictRequest& req, v1::PredictResponse* resp,
+                       double timeout = 30) {
     auto ctx = ContextWithDeadline(timeout);
     return stub_->Predict(ctx.get(), req, resp);
   }
@@ -62,9 +65,11 @@ std::vector<double> Values(const v1::PredictResponse& r) {
   return v;
 }
 
-void ExpectNear(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-5) {
+void ExpectNear(const std::vector<double>& got, const std::vector<double>& want,
+                double tol = 1e-5) {
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << i;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << i;
 }
 
 TEST_F(ServerTest, PredictEqualsEngineForward) {
@@ -207,30 +212,60 @@ TEST_F(ServerTest, BadInputsGetPreciseStatusAndTheServerKeepsServing) {
     r.mutable_cube()->clear_shape();
     for (auto e : shape) r.mutable_cube()->add_shape(e);
   };
-  add("empty message", [](v1::PredictRequest& r) { r.Clear(); }, StatusCode::INVALID_ARGUMENT, "is empty");
-  add("wrong shape", [&](v1::PredictRequest& r) { set_shape(r, {1, 16, 64, 32}); },
+  add(
+      "empty message", [](v1::PredictRequest& r) { r.Clear(); }, StatusCode::INVALID_ARGUMENT,
+      "is empty");
+  add(
+      "wrong shape",
+      [&](v1::PredictRequest& r) {
+        set_shape(r, {1, 16, 64, 32});
+      },
       StatusCode::INVALID_ARGUMENT, "but the model takes 1x32x32x32");
-  add("two channels", [&](v1::PredictRequest& r) { set_shape(r, {2, 32, 32, 16}); },
+  add(
+      "two channels",
+      [&](v1::PredictRequest& r) {
+        set_shape(r, {2, 32, 32, 16});
+      },
       StatusCode::INVALID_ARGUMENT, "model takes 1x32x32x32");
-  add("rank 5", [&](v1::PredictRequest& r) { set_shape(r, {1, 1, 32, 32, 32}); },
+  add(
+      "rank 5",
+      [&](v1::PredictRequest& r) {
+        set_shape(r, {1, 1, 32, 32, 32});
+      },
       StatusCode::INVALID_ARGUMENT, "has 5 extents");
-  add("negative extent", [&](v1::PredictRequest& r) { set_shape(r, {1, -32, 32, 32}); },
+  add(
+      "negative extent",
+      [&](v1::PredictRequest& r) {
+        set_shape(r, {1, -32, 32, 32});
+      },
       StatusCode::INVALID_ARGUMENT, "extent -32 at axis 1");
-  add("unspecified dtype", [](v1::PredictRequest& r) { r.mutable_cube()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+  add(
+      "unspecified dtype",
+      [](v1::PredictRequest& r) { r.mutable_cube()->set_dtype(v1::DTYPE_UNSPECIFIED); },
       StatusCode::INVALID_ARGUMENT, "dtype is unspecified");
-  add("unknown dtype", [](v1::PredictRequest& r) { r.mutable_cube()->set_dtype(v1::DType(7)); },
+  add(
+      "unknown dtype", [](v1::PredictRequest& r) { r.mutable_cube()->set_dtype(v1::DType(7)); },
       StatusCode::INVALID_ARGUMENT, "dtype has unknown value 7");
-  add("unknown layout", [](v1::PredictRequest& r) { r.mutable_cube()->set_layout(v1::Layout(9)); },
+  add(
+      "unknown layout", [](v1::PredictRequest& r) { r.mutable_cube()->set_layout(v1::Layout(9)); },
       StatusCode::INVALID_ARGUMENT, "layout has unknown value 9");
-  add("wrong dtype for the bytes", [](v1::PredictRequest& r) { r.mutable_cube()->set_dtype(v1::DTYPE_FLOAT32); },
-      StatusCode::INVALID_ARGUMENT, "has 65536 bytes, but shape [1, 32, 32, 32] of float32 needs 131072");
-  add("short data", [](v1::PredictRequest& r) { r.mutable_cube()->mutable_data()->resize(1000); },
+  add(
+      "wrong dtype for the bytes",
+      [](v1::PredictRequest& r) { r.mutable_cube()->set_dtype(v1::DTYPE_FLOAT32); },
+      StatusCode::INVALID_ARGUMENT,
+      "has 65536 bytes, but shape [1, 32, 32, 32] of float32 needs 131072");
+  add(
+      "short data", [](v1::PredictRequest& r) { r.mutable_cube()->mutable_data()->resize(1000); },
       StatusCode::INVALID_ARGUMENT, "has 1000 bytes");
-  add("negative count", [](v1::PredictRequest& r) {
+  add(
+      "negative count",
+      [](v1::PredictRequest& r) {
         int16_t v = -3;
         std::memcpy(r.mutable_cube()->mutable_data()->data() + 2 * (5 * 1024 + 6 * 32 + 7), &v, 2);
-      }, StatusCode::INVALID_ARGUMENT, "negative count -3 at voxel (c=0, d=5, h=6, w=7)");
-  add("model version", [](v1::PredictRequest& r) { r.set_model_version("other-1"); },
+      },
+      StatusCode::INVALID_ARGUMENT, "negative count -3 at voxel (c=0, d=5, h=6, w=7)");
+  add(
+      "model version", [](v1::PredictRequest& r) { r.set_model_version("other-1"); },
       StatusCode::FAILED_PRECONDITION, "model_version is 'other-1'");
   std::vector<float> values(kVoxels, 1.f);
   for (auto [name, bad, what] : {std::tuple{"NaN", std::nanf(""), "NaN at voxel"},
@@ -264,15 +299,20 @@ TEST_F(ServerTest, BadInputsGetPreciseStatusAndTheServerKeepsServing) {
   auto ctx = ContextWithDeadline();
   grpc::Status s = stub_->PredictBatch(ctx.get(), batch, &bresp);
   EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("requests[1].cube.shape"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("requests[1].cube.shape"), std::string::npos)
+      << s.error_message();
   auto ctx2 = ContextWithDeadline();
   s = stub_->PredictBatch(ctx2.get(), v1::PredictBatchRequest(), &bresp);
   EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("requests is empty"), std::string::npos);
 
   std::string metrics = server_->metrics().Serialize();
-  EXPECT_GE(MetricValue(metrics, "cosmoflow_requests_total", "code=\"INVALID_ARGUMENT\",method=\"Predict\""), 13);
-  EXPECT_EQ(MetricValue(metrics, "cosmoflow_requests_total", "code=\"FAILED_PRECONDITION\",method=\"Predict\""), 1);
+  EXPECT_GE(MetricValue(metrics, "cosmoflow_requests_total",
+                        "code=\"INVALID_ARGUMENT\",method=\"Predict\""),
+            13);
+  EXPECT_EQ(MetricValue(metrics, "cosmoflow_requests_total",
+                        "code=\"FAILED_PRECONDITION\",method=\"Predict\""),
+            1);
 }
 
 TEST_F(ServerTest, StreamWithGarbageThenValidCubesKeepsGoing) {
@@ -289,7 +329,8 @@ TEST_F(ServerTest, StreamWithGarbageThenValidCubesKeepsGoing) {
   v1::PredictRequest empty;
   empty.set_request_id("empty");
   ASSERT_TRUE(stream->Write(empty));
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(stream->Write(MakeInt16Request(counts, "ok" + std::to_string(i))));
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(stream->Write(MakeInt16Request(counts, "ok" + std::to_string(i))));
   stream->WritesDone();
   v1::PredictStreamResponse r;
   int ok = 0, bad = 0;
@@ -419,7 +460,9 @@ TEST_F(ServerTest, ReloadUnderLoadSwapsTheVersionWithoutAFailedRequest) {
   v1::PredictResponse resp;
   ASSERT_TRUE(Predict(MakeInt16Request(counts), &resp).ok());
   ExpectNear(Values(resp), EngineForward(b, counts));
-  EXPECT_EQ(MetricValue(server_->metrics().Serialize(), "cosmoflow_model_reloads_total", "result=\"success\""), 1);
+  EXPECT_EQ(MetricValue(server_->metrics().Serialize(), "cosmoflow_model_reloads_total",
+                        "result=\"success\""),
+            1);
 }
 
 TEST_F(ServerTest, BadReloadKeepsTheOldModel) {
@@ -453,7 +496,9 @@ TEST_F(ServerTest, BadReloadKeepsTheOldModel) {
     EXPECT_TRUE(Predict(MakeInt16Request(RandomCounts(1, kVoxels)), &presp).ok());
     EXPECT_EQ(presp.model_version(), version);
   }
-  EXPECT_EQ(MetricValue(server_->metrics().Serialize(), "cosmoflow_model_reloads_total", "result=\"failure\""), 3);
+  EXPECT_EQ(MetricValue(server_->metrics().Serialize(), "cosmoflow_model_reloads_total",
+                        "result=\"failure\""),
+            3);
   EXPECT_EQ(Health(server_->port()), HealthStatus::SERVING);
 }
 
@@ -478,7 +523,8 @@ TEST_F(ServerTest, WatchesTheCheckpointDirectoryAndSighupFlag) {
   EXPECT_EQ(server_->model()->checkpoint().state.step, 100);
   ASSERT_TRUE(SaveCheckpointToDir(ckpt_dir.path(), MakeTinyCheckpoint(2, 200), 3).ok());
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (server_->model()->checkpoint().state.step != 200 && std::chrono::steady_clock::now() < until)
+  while (server_->model()->checkpoint().state.step != 200 &&
+         std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(server_->model()->checkpoint().state.step, 200);
   EXPECT_EQ(ModelVersion(), server_->model()->version());
@@ -496,8 +542,10 @@ TEST_F(ServerTest, MetricsMoveAndPassPromtool) {
   }
   const std::string after = HttpGet(server_->metrics_port(), "/metrics");
   EXPECT_EQ(MetricValue(after, "cosmoflow_requests_total", "code=\"OK\",method=\"Predict\""), 5);
-  EXPECT_EQ(MetricValue(after, "cosmoflow_request_duration_seconds_count", "method=\"Predict\""), 5);
-  EXPECT_EQ(MetricValue(after, "cosmoflow_predicted_cubes_total"), 5);  // warm-up passes are not counted
+  EXPECT_EQ(MetricValue(after, "cosmoflow_request_duration_seconds_count", "method=\"Predict\""),
+            5);
+  EXPECT_EQ(MetricValue(after, "cosmoflow_predicted_cubes_total"),
+            5);  // warm-up passes are not counted
   EXPECT_EQ(MetricValue(after, "cosmoflow_received_bytes_total"), 5 * kVoxels * 2);
   EXPECT_EQ(MetricValue(after, "cosmoflow_queue_wait_seconds_count"), 5);
   EXPECT_GE(MetricValue(after, "cosmoflow_compute_seconds_count"), 1);
@@ -505,13 +553,15 @@ TEST_F(ServerTest, MetricsMoveAndPassPromtool) {
   EXPECT_EQ(MetricValue(after, "cosmoflow_queue_depth"), 0);
   const auto& m = *server_->model();
   EXPECT_EQ(MetricValue(after, "cosmoflow_model_info",
-                        "checksum=\"" + m.checkpoint().checksum + "\",spec=\"tiny32\",version=\"" + m.version() + "\""),
+                        "checksum=\"" + m.checkpoint().checksum + "\",spec=\"tiny32\",version=\"" +
+                            m.version() + "\""),
             1);
   EXPECT_GT(MetricValue(after, "cosmoflow_model_load_duration_seconds"), 0);
 
   TempDir tmp;
   std::ofstream(tmp / "metrics.txt") << after;
-  const std::string cmd = "promtool check metrics < " + (tmp / "metrics.txt") + " > " + (tmp / "out.txt") + " 2>&1";
+  const std::string cmd =
+      "promtool check metrics < " + (tmp / "metrics.txt") + " > " + (tmp / "out.txt") + " 2>&1";
   int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << ReadFileText(tmp / "out.txt");
 }
@@ -522,10 +572,13 @@ TEST_F(ServerTest, ReflectionListsTheService) {
   // ServerReflectionRequest{list_services: ""} is field 7, length 0.
   const std::string script =
       "import grpc, sys\n"
-      "ch = grpc.insecure_channel('127.0.0.1:" + std::to_string(server_->port()) + "')\n"
+      "ch = grpc.insecure_channel('127.0.0.1:" +
+      std::to_string(server_->port()) +
+      "')\n"
       "call = ch.stream_stream('/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo')\n"
       "reply = b''.join(call(iter([b'\\x3a\\x00']), timeout=10))\n"
-      "sys.exit(0 if b'cosmoflow.v1.CosmoFlow' in reply and b'grpc.health.v1.Health' in reply else 1)\n";
+      "sys.exit(0 if b'cosmoflow.v1.CosmoFlow' in reply and b'grpc.health.v1.Health' in reply else "
+      "1)\n";
   std::ofstream(dir_ / "reflect.py") << script;
   EXPECT_EQ(std::system(("/usr/bin/python3 " + (dir_ / "reflect.py")).c_str()), 0);
 }

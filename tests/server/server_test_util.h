@@ -1,9 +1,11 @@
-// Helpers for the server and client tests: real tiny32 checkpoints in temp dirs, random count cubes,
-// the engine's own forward pass as the reference, loopback channels, a minimal HTTP GET, and
+// Helpers for the server and client tests: real tiny32 checkpoints in temp dirs, random count
+// cubes, the engine's own forward pass as the reference, loopback channels, a minimal HTTP GET, and
 // subprocesses. Header-only so tests/client can share it.
 #pragma once
 
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -22,9 +24,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
 
 #include "core/nn/checkpoint.h"
 #include "core/nn/network.h"
@@ -92,7 +91,8 @@ inline std::vector<int16_t> RandomCounts(uint64_t seed, int64_t n) {
 inline constexpr int kSide = 32;
 inline constexpr int64_t kVoxels = int64_t{kSide} * kSide * kSide;
 
-inline v1::PredictRequest MakeInt16Request(const std::vector<int16_t>& counts, const std::string& id = "") {
+inline v1::PredictRequest MakeInt16Request(const std::vector<int16_t>& counts,
+                                           const std::string& id = "") {
   v1::PredictRequest r;
   r.set_request_id(id);
   auto* c = r.mutable_cube();
@@ -103,7 +103,8 @@ inline v1::PredictRequest MakeInt16Request(const std::vector<int16_t>& counts, c
   return r;
 }
 
-inline v1::PredictRequest MakeFloatRequest(const std::vector<float>& values, const std::string& id = "") {
+inline v1::PredictRequest MakeFloatRequest(const std::vector<float>& values,
+                                           const std::string& id = "") {
   v1::PredictRequest r;
   r.set_request_id(id);
   auto* c = r.mutable_cube();
@@ -115,7 +116,8 @@ inline v1::PredictRequest MakeFloatRequest(const std::vector<float>& values, con
 
 // The engine's own answer for one cube: read the checkpoint, build a batch-1 network, apply the
 // spec's input transform and label de-normalisation.
-inline std::vector<double> EngineForward(const std::string& checkpoint_path, const std::vector<int16_t>& counts) {
+inline std::vector<double> EngineForward(const std::string& checkpoint_path,
+                                         const std::vector<int16_t>& counts) {
   auto ckpt = ReadCheckpoint(checkpoint_path);
   EXPECT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   NetworkOptions options;
@@ -134,9 +136,9 @@ inline std::vector<double> EngineForward(const std::string& checkpoint_path, con
   return physical;
 }
 
-inline std::shared_ptr<grpc::Channel> LoopbackChannel(int port,
-                                                      std::shared_ptr<grpc::ChannelCredentials> creds = nullptr,
-                                                      const std::string& host = "127.0.0.1") {
+inline std::shared_ptr<grpc::Channel> LoopbackChannel(
+    int port, std::shared_ptr<grpc::ChannelCredentials> creds = nullptr,
+    const std::string& host = "127.0.0.1") {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
@@ -151,7 +153,8 @@ inline std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds =
   return ctx;
 }
 
-inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(int port, const std::string& service = "") {
+inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(
+    int port, const std::string& service = "") {
   auto stub = grpc::health::v1::Health::NewStub(LoopbackChannel(port));
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
@@ -189,7 +192,8 @@ inline std::string HttpGet(int port, const std::string& path) {
 
 // The value of the sample `name{labels}` in a text exposition, e.g.
 // MetricValue(text, "cosmoflow_requests_total", "code=\"OK\",method=\"Predict\""); NaN if absent.
-inline double MetricValue(const std::string& exposition, const std::string& name, const std::string& labels = "") {
+inline double MetricValue(const std::string& exposition, const std::string& name,
+                          const std::string& labels = "") {
   std::istringstream in(exposition);
   const std::string key = labels.empty() ? name + " " : name + "{" + labels + "} ";
   for (std::string line; std::getline(in, line);)

@@ -1,8 +1,7 @@
 // The cosmoflow-server binary as a subprocess: SIGTERM drains in-flight requests, SIGHUP reloads,
 // start-up errors give distinct exit codes and a one-line reason.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include "tests/server/server_test_util.h"
 
@@ -19,8 +18,9 @@ class ServerProcessTest : public ::testing::Test {
 
   // Starts the binary; returns the gRPC port once health says SERVING.
   int Launch(std::vector<std::string> extra) {
-    std::vector<std::string> argv = {kServer, "--checkpoint", checkpoint_, "--address", "127.0.0.1:0",
-                                     "--metrics-address", "", "--port-file", dir_ / "port"};
+    std::vector<std::string> argv = {kServer,     "--checkpoint", checkpoint_,
+                                     "--address", "127.0.0.1:0",  "--metrics-address",
+                                     "",          "--port-file",  dir_ / "port"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     pid_ = Spawn(argv, dir_ / "server.log");
     int port = ReadPortFile(dir_ / "port", std::chrono::seconds(20));
@@ -107,11 +107,16 @@ TEST_F(ServerProcessTest, StartUpErrorsHaveDistinctExitCodes) {
   EXPECT_EQ(run({"--address", "127.0.0.1:0"}), 2);
   EXPECT_NE(ReadFileText(dir_ / "err.log").find("--checkpoint is required"), std::string::npos);
   EXPECT_EQ(run({"--checkpoint", checkpoint_, "--max-batch", "many"}), 2);
-  EXPECT_EQ(run({"--checkpoint", checkpoint_, "--address", "256.1.1.1:1", "--metrics-address", ""}), 3);
-  EXPECT_NE(ReadFileText(dir_ / "err.log").find("cannot listen"), std::string::npos) << ReadFileText(dir_ / "err.log");
+  EXPECT_EQ(run({"--checkpoint", checkpoint_, "--address", "256.1.1.1:1", "--metrics-address", ""}),
+            3);
+  EXPECT_NE(ReadFileText(dir_ / "err.log").find("cannot listen"), std::string::npos)
+      << ReadFileText(dir_ / "err.log");
   std::ofstream(dir_ / "bad.h5") << "not a checkpoint";
-  EXPECT_EQ(run({"--checkpoint", dir_ / "bad.h5", "--address", "127.0.0.1:0", "--metrics-address", ""}), 4);
-  EXPECT_NE(ReadFileText(dir_ / "err.log").find(dir_ / "bad.h5"), std::string::npos) << ReadFileText(dir_ / "err.log");
+  EXPECT_EQ(
+      run({"--checkpoint", dir_ / "bad.h5", "--address", "127.0.0.1:0", "--metrics-address", ""}),
+      4);
+  EXPECT_NE(ReadFileText(dir_ / "err.log").find(dir_ / "bad.h5"), std::string::npos)
+      << ReadFileText(dir_ / "err.log");
   EXPECT_EQ(run({"--checkpoint", dir_ / "empty-dir-does-not-exist", "--address", "127.0.0.1:0",
                  "--metrics-address", ""}),
             4);

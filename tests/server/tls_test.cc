@@ -17,17 +17,20 @@ class TlsTest : public ::testing::Test {
     const std::string d = dir_->path();
     const std::string key = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     const std::string script =
-        "cd " + d + " && set -e && " +
-        "openssl req -x509" + key + " -keyout ca.key -out ca.pem -days 2 -subj /CN=cf-test-ca && " +
-        "openssl req" + key + " -keyout server.key -out server.csr -subj /CN=localhost && " +
+        "cd " + d + " && set -e && " + "openssl req -x509" + key +
+        " -keyout ca.key -out ca.pem -days 2 -subj /CN=cf-test-ca && " + "openssl req" + key +
+        " -keyout server.key -out server.csr -subj /CN=localhost && " +
         "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext && " +
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 "
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem "
+        "-days 2 "
         "-extfile san.ext && " +
         "openssl req" + key + " -keyout client.key -out client.csr -subj /CN=cf-client && " +
-        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2 && " +
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem "
+        "-days 2 && " +
         // A second CA, to make a client certificate the server must not trust.
         "openssl req -x509" + key + " -keyout other.key -out other.pem -days 2 -subj /CN=other-ca";
-    ASSERT_EQ(std::system((script + " > openssl.log 2>&1").c_str()), 0) << ReadFileText(d + "/openssl.log");
+    ASSERT_EQ(std::system((script + " > openssl.log 2>&1").c_str()), 0)
+        << ReadFileText(d + "/openssl.log");
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -47,7 +50,8 @@ class TlsTest : public ::testing::Test {
     ASSERT_TRUE(server_->LoadInitialModel().ok());
   }
 
-  grpc::Status Call(std::shared_ptr<grpc::ChannelCredentials> creds, const std::string& host = "localhost") {
+  grpc::Status Call(std::shared_ptr<grpc::ChannelCredentials> creds,
+                    const std::string& host = "localhost") {
     auto stub = v1::CosmoFlow::NewStub(LoopbackChannel(server_->port(), creds, host));
     v1::PredictResponse resp;
     auto ctx = ContextWithDeadline(10);

@@ -1,10 +1,10 @@
 // Bounded random-input fuzzing of the request validator: random and mutated messages must give OK
 // (and then a cube that really fits the model) or INVALID_ARGUMENT with a message naming the field;
 // never a crash, never a read outside the data (run under COSMOFLOW_SANITIZE to check the latter).
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "server/validate.h"
 
@@ -69,11 +69,21 @@ TEST(ValidateFuzz, RandomFieldValues) {
         continue;
       }
       switch (rng() % 5) {
-        case 0: c.add_shape(8); break;
-        case 1: c.add_shape(1); break;
-        case 2: c.add_shape(int64_t(rng())); break;  // huge or negative
-        case 3: c.add_shape(-int64_t(rng() % 10)); break;
-        default: c.add_shape(int64_t(rng() % 20)); break;
+        case 0:
+          c.add_shape(8);
+          break;
+        case 1:
+          c.add_shape(1);
+          break;
+        case 2:
+          c.add_shape(int64_t(rng()));
+          break;  // huge or negative
+        case 3:
+          c.add_shape(-int64_t(rng() % 10));
+          break;
+        default:
+          c.add_shape(int64_t(rng() % 20));
+          break;
       }
     }
     c.set_dtype(v1::DType(rng() % 4 == 0 ? int(rng() % 10) - 3 : 1 + int(rng() % 2)));
@@ -98,10 +108,18 @@ TEST(ValidateFuzz, MutatedValidCubesAndRandomWireBytes) {
     const int flips = 1 + int(rng() % 8);
     for (int i = 0; i < flips; ++i) {
       switch (rng() % 4) {
-        case 0: wire[rng() % wire.size()] ^= char(1u << (rng() % 8)); break;
-        case 1: wire.resize(rng() % wire.size()); break;
-        case 2: wire.insert(rng() % (wire.size() + 1), 1, char(rng())); break;
-        default: wire[rng() % std::min<size_t>(wire.size(), 16)] = char(rng()); break;  // the header
+        case 0:
+          wire[rng() % wire.size()] ^= char(1u << (rng() % 8));
+          break;
+        case 1:
+          wire.resize(rng() % wire.size());
+          break;
+        case 2:
+          wire.insert(rng() % (wire.size() + 1), 1, char(rng()));
+          break;
+        default:
+          wire[rng() % std::min<size_t>(wire.size(), 16)] = char(rng());
+          break;  // the header
       }
       if (wire.empty()) wire = "x";
     }
