@@ -54,13 +54,20 @@ std::string Num(double v) {
 
 }  // namespace
 
-const char* DisplacementName(Displacement d) { return d == Displacement::k2Lpt ? "2lpt" : "za"; }
+const char* DisplacementName(Displacement d) {
+  switch (d) {
+    case Displacement::k2Lpt: return "2lpt";
+    case Displacement::kPm: return "pm";
+    default: return "za";
+  }
+}
 const char* MassAssignmentName(MassAssignment m) { return m == MassAssignment::kCic ? "cic" : "ngp"; }
 
 StatusOr<Displacement> ParseDisplacement(const std::string& name) {
   if (name == "za" || name == "zeldovich") return Displacement::kZeldovich;
   if (name == "2lpt") return Displacement::k2Lpt;
-  return InvalidArgumentError("displacement '" + name + "' is not one of za, 2lpt");
+  if (name == "pm") return Displacement::kPm;
+  return InvalidArgumentError("displacement '" + name + "' is not one of za, 2lpt, pm");
 }
 
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name) {
@@ -87,6 +94,16 @@ Status UniverseOptions::Validate() const {
     if (!(z >= 0 && z < 1000)) return InvalidArgumentError("redshift " + Num(z) + ": must be in [0, 1000)");
   }
   if (threads < 0) return InvalidArgumentError("threads = " + Num(threads) + ": must be >= 0");
+  if (displacement == Displacement::kPm) {
+    if (pm_steps < 1 || pm_steps > 1000) return InvalidArgumentError("pm steps = " + Num(pm_steps) + ": must be in 1..1000");
+    if (!(pm_initial_redshift > 0 && pm_initial_redshift < 1000)) {
+      return InvalidArgumentError("pm initial redshift = " + Num(pm_initial_redshift) + ": must be in (0, 1000)");
+    }
+    if (particles_per_side > 0 && particles_per_side != side) {
+      return InvalidArgumentError("particles per side = " + Num(particles_per_side) +
+                                  ": the particle mesh needs one particle per voxel (= side)");
+    }
+  }
   if (!(smoothing_nl_factor >= 0 && smoothing_nl_factor < 100)) {
     return InvalidArgumentError("smoothing factor = " + Num(smoothing_nl_factor) + ": must be in [0, 100)");
   }
@@ -106,7 +123,6 @@ struct UniverseGenerator::Impl {
   FloatBuffer psi1[3], psi2[3];     // displacements in Mpc/h
   Plan r2c, c2r;
   std::vector<double> amplitude;    // sqrt(P(k)/dV)/n^3 indexed by integer |k/k_f|^2
-  std::vector<float> grids;         // one accumulation grid per thread for mass assignment
 
   // Visits every stored mode (i, j, k) of the r2c half-space with signed frequencies and its
   // flat index, in parallel.
@@ -248,80 +264,89 @@ struct UniverseGenerator::Impl {
     }
   }
 
-  // Moves particles to x = q + d1 Psi1 + d2 Psi2 and counts them into dst[side^3]. Returns false
-  // if a voxel exceeds the int16 range.
-  bool Deposit(const UniverseOptions& o, double d1, double d2, int16_t* dst) {
-    const int side = o.side;
-    const int64_t voxels = int64_t{side} * side * side;
-    const double box = o.box_size();
-    const double spacing = box / n;       // Lagrangian grid spacing
-    const double inv_voxel = side / box;  // positions -> voxel units
-    const bool cic = o.assignment == MassAssignment::kCic;
-    const bool second = d2 != 0.0 && psi2[0];
-    grids.assign(size_t(threads) * voxels, 0.0f);
-    const int nn = n;
-    auto wrap = [side](int64_t v) {
-      v %= side;
-      return v < 0 ? v + side : v;
+  // Mass is accumulated in fixed point (kMassOne per particle) in 64-bit integers: integer sums
+  // do not depend on the order of addition, so the result is the same for any thread count
+  // (float partial sums would differ in the last bit, and the particle mesh amplifies that).
+  static constexpr int64_t kMassOne = int64_t{1} << 24;
+  std::vector<int64_t> mass_grids;  // one per thread
+  std::vector<float> mass;          // the summed grid, in particles
+
+  // Adds one particle at (x, y, w) in cell units to `grid` (g^3 cells): NGP, or CIC (the particle
+  // as a cell-sized cube; cell centres at integer + 0.5).
+  static inline void AssignOne(int64_t* grid, int g, bool cic, double x, double y, double w) {
+    auto wrap = [g](int64_t v) {
+      v %= g;
+      return v < 0 ? v + g : v;
     };
-    // Each thread counts its slabs of particles into its own grid; the grids are summed after.
-#pragma omp parallel num_threads(threads)
-    {
-      float* grid = grids.data() + size_t(omp_get_thread_num()) * voxels;
-#pragma omp for schedule(static)
-      for (int i = 0; i < nn; ++i) {
-        for (int j = 0; j < nn; ++j) {
-          for (int k = 0; k < nn; ++k) {
-            const size_t p = (size_t(i) * nn + j) * nn + k;
-            double x = (i + 0.5) * spacing + d1 * psi1[0].get()[p];
-            double y = (j + 0.5) * spacing + d1 * psi1[1].get()[p];
-            double w = (k + 0.5) * spacing + d1 * psi1[2].get()[p];
-            if (second) {
-              x += d2 * psi2[0].get()[p];
-              y += d2 * psi2[1].get()[p];
-              w += d2 * psi2[2].get()[p];
-            }
-            x *= inv_voxel;
-            y *= inv_voxel;
-            w *= inv_voxel;
-            if (!cic) {
-              const int64_t a = wrap(static_cast<int64_t>(std::floor(x)));
-              const int64_t b = wrap(static_cast<int64_t>(std::floor(y)));
-              const int64_t e = wrap(static_cast<int64_t>(std::floor(w)));
-              grid[(a * side + b) * side + e] += 1.0f;
-              continue;
-            }
-            // Cloud in cell: the particle is a voxel-sized cube; voxel centres at integer + 0.5.
-            const double xs = x - 0.5, ys = y - 0.5, ws = w - 0.5;
-            const double fx = std::floor(xs), fy = std::floor(ys), fw = std::floor(ws);
-            const double tx = xs - fx, ty = ys - fy, tw = ws - fw;
-            const int64_t a0 = static_cast<int64_t>(fx), b0 = static_cast<int64_t>(fy),
-                          e0 = static_cast<int64_t>(fw);
-            for (int da = 0; da < 2; ++da) {
-              const int64_t a = wrap(a0 + da);
-              const double wa = da ? tx : 1 - tx;
-              for (int db = 0; db < 2; ++db) {
-                const int64_t b = wrap(b0 + db);
-                const double wb = db ? ty : 1 - ty;
-                for (int de = 0; de < 2; ++de) {
-                  const int64_t e = wrap(e0 + de);
-                  const double we = de ? tw : 1 - tw;
-                  grid[(a * side + b) * side + e] += static_cast<float>(wa * wb * we);
-                }
-              }
-            }
-          }
+    if (!cic) {
+      const int64_t a = wrap(static_cast<int64_t>(std::floor(x)));
+      const int64_t b = wrap(static_cast<int64_t>(std::floor(y)));
+      const int64_t e = wrap(static_cast<int64_t>(std::floor(w)));
+      grid[(a * g + b) * g + e] += kMassOne;
+      return;
+    }
+    const double xs = x - 0.5, ys = y - 0.5, ws = w - 0.5;
+    const double fx = std::floor(xs), fy = std::floor(ys), fw = std::floor(ws);
+    const double tx = xs - fx, ty = ys - fy, tw = ws - fw;
+    const int64_t a0 = static_cast<int64_t>(fx), b0 = static_cast<int64_t>(fy),
+                  e0 = static_cast<int64_t>(fw);
+    for (int da = 0; da < 2; ++da) {
+      const int64_t a = wrap(a0 + da);
+      const double wa = da ? tx : 1 - tx;
+      for (int db = 0; db < 2; ++db) {
+        const int64_t b = wrap(b0 + db);
+        const double wb = db ? ty : 1 - ty;
+        for (int de = 0; de < 2; ++de) {
+          const int64_t e = wrap(e0 + de);
+          const double we = de ? tw : 1 - tw;
+          grid[(a * g + b) * g + e] += std::llround(wa * wb * we * kMassOne);
         }
       }
     }
-    bool overflow = false;
+  }
+
+  // Sums the mass of every particle into g^3 cells; returns the grid in units of particles.
+  // pos(p, &x, &y, &w) gives particle p's position in Mpc/h.
+  template <typename Pos>
+  const float* Assign(int g, double box, bool cic, Pos pos) {
+    const int64_t cells = int64_t{g} * g * g;
+    mass_grids.assign(size_t(threads) * cells, 0);
+    mass.resize(cells);
+    const double inv_cell = g / box;
+    const int64_t particles = static_cast<int64_t>(real_size);
+#pragma omp parallel num_threads(threads)
+    {
+      int64_t* grid = mass_grids.data() + size_t(omp_get_thread_num()) * cells;
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < particles; ++p) {
+        double x, y, w;
+        pos(p, &x, &y, &w);
+        AssignOne(grid, g, cic, x * inv_cell, y * inv_cell, w * inv_cell);
+      }
+    }
     const int nt = threads;
-    const float* g = grids.data();
+    const int64_t* all = mass_grids.data();
+    float* out = mass.data();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t v = 0; v < cells; ++v) {
+      int64_t sum = 0;
+      for (int t = 0; t < nt; ++t) sum += all[size_t(t) * cells + v];
+      out[v] = static_cast<float>(static_cast<double>(sum) / kMassOne);
+    }
+    return out;
+  }
+
+  // Counts the particles at pos() into dst[side^3] as int16. Returns false if a voxel exceeds the
+  // int16 range.
+  template <typename Pos>
+  bool DepositWith(const UniverseOptions& o, Pos pos, int16_t* dst) {
+    const int side = o.side;
+    const int64_t voxels = int64_t{side} * side * side;
+    const float* g = Assign(side, o.box_size(), o.assignment == MassAssignment::kCic, pos);
+    bool overflow = false;
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(|| : overflow)
     for (int64_t v = 0; v < voxels; ++v) {
-      float sum = 0;
-      for (int t = 0; t < nt; ++t) sum += g[size_t(t) * voxels + v];
-      const float r = std::nearbyint(sum);
+      const float r = std::nearbyint(g[v]);
       if (r > 32767.0f) {
         overflow = true;
         dst[v] = 32767;
@@ -331,6 +356,120 @@ struct UniverseGenerator::Impl {
     }
     return !overflow;
   }
+
+  // Lagrangian position of particle p (centre of its particle-grid cell), Mpc/h.
+  inline void Lagrangian(int64_t p, double spacing, double* x, double* y, double* w) const {
+    const int64_t k = p % n, j = (p / n) % n, i = p / (int64_t{n} * n);
+    *x = (i + 0.5) * spacing;
+    *y = (j + 0.5) * spacing;
+    *w = (k + 0.5) * spacing;
+  }
+
+  // Moves particles to x = q + d1 Psi1 + d2 Psi2 and counts them into dst[side^3].
+  bool Deposit(const UniverseOptions& o, double d1, double d2, int16_t* dst) {
+    const double spacing = o.box_size() / n;
+    const bool second = d2 != 0.0 && psi2[0];
+    const float *p1x = psi1[0].get(), *p1y = psi1[1].get(), *p1z = psi1[2].get();
+    const float *p2x = psi2[0].get(), *p2y = psi2[1].get(), *p2z = psi2[2].get();
+    return DepositWith(o, [&](int64_t p, double* x, double* y, double* w) {
+      Lagrangian(p, spacing, x, y, w);
+      *x += d1 * p1x[p];
+      *y += d1 * p1y[p];
+      *w += d1 * p1z[p];
+      if (second) {
+        *x += d2 * p2x[p];
+        *y += d2 * p2y[p];
+        *w += d2 * p2z[p];
+      }
+    }, dst);
+  }
+
+  // ---- particle-mesh N-body (displacement kPm) ----
+  std::vector<float> pos[3], mom[3];  // comoving position (Mpc/h, in [0, L)) and momentum a^2 dx/dt
+
+  // Gravitational acceleration -grad phi on the particle grid's mesh, into psi2[0..2], with
+  // laplacian phi = 1.5 Omega_M delta / a (H0 = 1 units), delta from CIC of the particles.
+  void Forces(double box, double omega_m, double a) {
+    const float* rho = Assign(n, box, true, [&](int64_t p, double* x, double* y, double* w) {
+      *x = pos[0][p];
+      *y = pos[1][p];
+      *w = pos[2][p];
+    });
+    // Mean density is one particle per mesh cell (mesh = particle grid): delta = rho - 1.
+    float* d = real.get();
+    const int64_t total = static_cast<int64_t>(real_size);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t v = 0; v < total; ++v) d[v] = rho[v] - 1.0f;
+    fftwf_execute_dft_r2c(r2c.get(), d, field_k.get());
+    const double kf = 2 * M_PI / box;
+    const int half = n / 2;
+    const double scale = 1.5 * omega_m / a / static_cast<double>(real_size);
+    for (int c = 0; c < 3; ++c) {
+      // F = -grad phi = i k (1.5 Omega_M / a) delta / k^2.
+      Derived(field_k.get(), psi2[c].get(), true, [&](int fi, int fj, int fk) {
+        const int kc = c == 0 ? fi : c == 1 ? fj : fk;
+        const int m = fi * fi + fj * fj + fk * fk;
+        if (m == 0 || std::abs(kc) == half) return 0.0;
+        return kc / (kf * m) * scale;
+      });
+    }
+  }
+
+  // mom += factor * F(pos), F interpolated from the mesh with the CIC kernel used for density
+  // (the same kernel both ways avoids self-forces).
+  void Kick(double box, double factor) {
+    const int g = n;
+    const double inv_cell = g / box;
+    const float *fx = psi2[0].get(), *fy = psi2[1].get(), *fz = psi2[2].get();
+    const int64_t particles = static_cast<int64_t>(real_size);
+    auto wrap = [g](int64_t v) {
+      v %= g;
+      return v < 0 ? v + g : v;
+    };
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < particles; ++p) {
+      const double xs = pos[0][p] * inv_cell - 0.5, ys = pos[1][p] * inv_cell - 0.5,
+                   ws = pos[2][p] * inv_cell - 0.5;
+      const double bx = std::floor(xs), by = std::floor(ys), bw = std::floor(ws);
+      const double tx = xs - bx, ty = ys - by, tw = ws - bw;
+      double ax = 0, ay = 0, aw = 0;
+      for (int da = 0; da < 2; ++da) {
+        const int64_t a = wrap(static_cast<int64_t>(bx) + da);
+        const double wa = da ? tx : 1 - tx;
+        for (int db = 0; db < 2; ++db) {
+          const int64_t b = wrap(static_cast<int64_t>(by) + db);
+          const double wb = db ? ty : 1 - ty;
+          for (int de = 0; de < 2; ++de) {
+            const int64_t e = wrap(static_cast<int64_t>(bw) + de);
+            const double wgt = wa * wb * (de ? tw : 1 - tw);
+            const size_t idx = (a * g + b) * g + e;
+            ax += wgt * fx[idx];
+            ay += wgt * fy[idx];
+            aw += wgt * fz[idx];
+          }
+        }
+      }
+      mom[0][p] += static_cast<float>(factor * ax);
+      mom[1][p] += static_cast<float>(factor * ay);
+      mom[2][p] += static_cast<float>(factor * aw);
+    }
+  }
+
+  // pos += factor * mom, wrapped into [0, box).
+  void Drift(double box, double factor) {
+    const int64_t particles = static_cast<int64_t>(real_size);
+    for (int c = 0; c < 3; ++c) {
+      float* x = pos[c].data();
+      const float* v = mom[c].data();
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t p = 0; p < particles; ++p) {
+        double nx = x[p] + factor * v[p];
+        nx -= box * std::floor(nx / box);
+        x[p] = nx >= box ? 0.0f : static_cast<float>(nx);
+      }
+    }
+  }
+
 };
 
 UniverseGenerator::~UniverseGenerator() = default;
@@ -351,7 +490,9 @@ StatusOr<std::unique_ptr<UniverseGenerator>> UniverseGenerator::Create(
   m.delta_k = AllocComplex(m.complex_size);
   m.field_k = AllocComplex(m.complex_size);
   m.scratch_k = AllocComplex(m.complex_size);
-  const bool second_order = options.displacement == Displacement::k2Lpt;
+  // 2LPT needs Psi2; the particle mesh uses those buffers for 2LPT initial conditions and then
+  // for its forces.
+  const bool second_order = options.displacement != Displacement::kZeldovich;
   for (int a = 0; a < 3; ++a) m.psi1[a] = AllocFloat(m.real_size);
   if (second_order) {
     for (int a = 0; a < 3; ++a) m.psi2[a] = AllocFloat(m.real_size);
@@ -395,11 +536,14 @@ StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t 
   const double box = options_.box_size();
   const bool second_order = options_.displacement == Displacement::k2Lpt;
   m.Colour(cosmology, box, seed, index);
-
   const int side = options_.side;
   const int channels = static_cast<int>(options_.redshifts.size());
   Cube cube(CubeShape{channels, side, side, side}, DType::kInt16);
   const int64_t voxels = int64_t{side} * side * side;
+  if (options_.displacement == Displacement::kPm) {
+    CF_RETURN_IF_ERROR(ParticleMesh(cosmology, index, &cube));
+    return cube;
+  }
   // With a fixed (or no) truncation every channel is the same field scaled by D(z): compute the
   // displacements once. The automatic truncation depends on z, so each channel has its own.
   const bool per_channel = options_.smoothing < 0;
@@ -417,6 +561,102 @@ StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t 
     }
   }
   return cube;
+}
+
+Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t index, Cube* cube) {
+  // Kick-drift-kick leapfrog in the scale factor with FastPM's modified factors (Feng et al.
+  // 2016, MNRAS 463, 2273, eqs. 20-24), which make the linear growth exact whatever the number of
+  // steps: with p = a^2 dx/dt (H0 = 1) and F = -grad phi, laplacian phi = 1.5 Omega_M delta / a,
+  //   drift  x += p(a_mid) [D(a1) - D(a0)] / g_p(a_mid),          g_p(a) = a^3 E(a) dD/da,
+  //   kick   p += F(a_r) [g_p(a1) - g_p(a0)] / g_f(a_r),          g_f(a) = 1.5 Omega_M D(a) / a,
+  // where a_r is the time at which F was computed. Initial conditions: 2LPT at z_init.
+  Impl& m = *impl_;
+  const UniverseOptions& o = options_;
+  const double box = o.box_size();
+  const double om = cosmology.params().omega_m;
+  auto e_of = [om](double a) { return std::sqrt(om / (a * a * a) + 1 - om); };
+  auto d1 = [&](double a) { return cosmology.GrowthFactor(1 / a - 1); };
+  auto d2 = [&](double a) { return cosmology.SecondOrderGrowthFactor(1 / a - 1); };
+  auto deriv = [](auto f, double a) {
+    const double h = 1e-4 * a;
+    return (f(a + h) - f(a - h)) / (2 * h);
+  };
+  auto g_p = [&](double a) { return a * a * a * e_of(a) * deriv(d1, a); };
+  auto g_p2 = [&](double a) { return a * a * a * e_of(a) * deriv(d2, a); };
+  auto g_f = [&](double a) { return 1.5 * om * d1(a) / a; };
+
+  // Initial conditions from 2LPT (the truncation does not apply: the N-body step handles the
+  // non-linear scales).
+  m.Smooth(box, 0.0);
+  m.Displacements(box, true);
+  const double a_init = 1 / (1 + o.pm_initial_redshift);
+  const int channels = static_cast<int>(o.redshifts.size());
+  const int64_t voxels = int64_t{o.side} * o.side * o.side;
+  auto overflow = [&](int c) {
+    return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
+                           std::to_string(c) + " has a voxel with more than 32767 particles");
+  };
+  // Channels at or before z_init come straight from 2LPT.
+  std::vector<std::pair<double, int>> outputs;  // (a, channel) for the N-body part
+  for (int c = 0; c < channels; ++c) {
+    const double a = 1 / (1 + o.redshifts[c]);
+    if (a <= a_init) {
+      if (!m.Deposit(o, d1(a), d2(a), cube->int16_data() + c * voxels)) return overflow(c);
+    } else {
+      outputs.emplace_back(a, c);
+    }
+  }
+  if (outputs.empty()) return Status::Ok();
+  std::sort(outputs.begin(), outputs.end());
+  const double a_end = outputs.back().first;
+  std::vector<double> nodes;
+  for (int i = 0; i <= o.pm_steps; ++i) nodes.push_back(a_init + (a_end - a_init) * i / o.pm_steps);
+  for (const auto& out : outputs) nodes.push_back(out.first);
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end(),
+                          [](double x, double y) { return std::fabs(x - y) < 1e-9; }),
+              nodes.end());
+
+  const int64_t particles = static_cast<int64_t>(m.real_size);
+  const double spacing = box / m.n;
+  const double d1i = d1(a_init), d2i = d2(a_init), gpi = g_p(a_init), gp2i = g_p2(a_init);
+  for (int c = 0; c < 3; ++c) {
+    m.pos[c].resize(particles);
+    m.mom[c].resize(particles);
+  }
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+  for (int64_t p = 0; p < particles; ++p) {
+    double q[3];
+    m.Lagrangian(p, spacing, &q[0], &q[1], &q[2]);
+    for (int c = 0; c < 3; ++c) {
+      const double psi1 = m.psi1[c].get()[p], psi2 = m.psi2[c].get()[p];
+      double x = q[c] + d1i * psi1 + d2i * psi2;
+      x -= box * std::floor(x / box);
+      m.pos[c][p] = x >= box ? 0.0f : static_cast<float>(x);
+      m.mom[c][p] = static_cast<float>(gpi * psi1 + gp2i * psi2);
+    }
+  }
+  // psi2 now holds the mesh forces.
+  m.Forces(box, om, a_init);
+  size_t next_output = 0;
+  for (size_t s = 0; s + 1 < nodes.size(); ++s) {
+    const double a0 = nodes[s], a1 = nodes[s + 1], am = 0.5 * (a0 + a1);
+    m.Kick(box, (g_p(am) - g_p(a0)) / g_f(a0));
+    m.Drift(box, (d1(a1) - d1(a0)) / g_p(am));
+    m.Forces(box, om, a1);
+    m.Kick(box, (g_p(a1) - g_p(am)) / g_f(a1));
+    while (next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9) {
+      const int c = outputs[next_output].second;
+      const bool ok = m.DepositWith(o, [&](int64_t p, double* x, double* y, double* w) {
+        *x = m.pos[0][p];
+        *y = m.pos[1][p];
+        *w = m.pos[2][p];
+      }, cube->int16_data() + c * voxels);
+      if (!ok) return overflow(c);
+      ++next_output;
+    }
+  }
+  return Status::Ok();
 }
 
 Status ParamRanges::Validate() const {

@@ -1,6 +1,7 @@
 // Synthetic dark-matter universes: a Gaussian random field with the linear power spectrum of a
-// flat LambdaCDM cosmology, particles displaced by Lagrangian perturbation theory, counted per
-// voxel into an int16 cube with one channel per redshift.
+// flat LambdaCDM cosmology, particles moved by Lagrangian perturbation theory, counted per
+// voxel into an int16 cube with one channel per redshift; optionally (by default) evolved by a
+// particle-mesh N-body code.
 //
 // Recipe (per sample):
 //  1. White noise w_j ~ N(0, 1) on the particle grid (N_p^3 points, spacing L / N_p, L = side x
@@ -12,17 +13,25 @@
 //     Psi2(k) = i k phi2(k), phi2(k) = -S(k) / k^2, S = sum_{a<b} (phi_aa phi_bb - phi_ab^2),
 //     phi_ab(k) = k_a k_b / k^2 delta(k) (Scoccimarro 1998, MNRAS 299, 1097; Crocce, Pueblas &
 //     Scoccimarro 2006, MNRAS 373, 369, eqs. 2-5).
-//  4. For each redshift z: x = q + D(z) Psi1 + D2(z) Psi2 (D, D2 from cosmology.h; all channels
-//     share one initial field, as snapshots of one simulation do), periodic in the box.
+//  4. For each redshift z (displacements za, 2lpt): x = q + D(z) Psi1 + D2(z) Psi2, periodic in
+//     the box; all channels share one initial field, as snapshots of one simulation do. The field
+//     that moves the particles is Gaussian-truncated at R(z) ~ 1/k_nl(z) (see `smoothing`).
+//  4'. Particle mesh (displacement pm, the default): 2LPT positions and momenta at z_init = 9,
+//     then kick-drift-kick steps in a with FastPM's factors (Feng et al. 2016, MNRAS 463, 2273),
+//     gravity from a CIC density on a mesh of one cell per voxel (Poisson equation solved by FFT,
+//     force -grad phi with the exact i k gradient, CIC interpolation back to the particles).
+//     Snapshots are taken at the channel redshifts.
 //  5. Mass assignment into side^3 voxels: NGP (nearest grid point, as the CosmoFlow data are
 //     counted) or CIC (cloud in cell; Hockney & Eastwood 1981), then int16.
 // Lagrangian positions q are the centres of the particle grid cells. With NGP, sum of counts =
 // N_p^3 exactly, so the mean count per voxel is (N_p / side)^3 exactly. CIC counts are rounded to
-// the nearest integer per voxel: the total is then only approximately conserved.
+// the nearest integer per voxel: the total is then only approximately conserved. Mass is summed in
+// fixed point, so results do not depend on the thread count.
 //
 // Zel'dovich/2LPT move particles on straight lines and never bind them into haloes: voids and
-// filaments look right, but the densest voxels hold far fewer particles than in an N-body run
-// (see docs/data.md for the comparison with the real CosmoFlow cubes).
+// filaments look right, but the densest voxels hold far fewer particles than in an N-body run.
+// The particle mesh forms haloes down to its force resolution (~2-3 voxels) and reproduces the
+// real CosmoFlow cubes' count statistics closely (docs/data.md has the comparison).
 #pragma once
 
 #include <cstdint>
@@ -38,10 +47,10 @@
 namespace cosmoflow {
 namespace synth {
 
-enum class Displacement { kZeldovich, k2Lpt };
+enum class Displacement { kZeldovich, k2Lpt, kPm };
 enum class MassAssignment { kNgp, kCic };
 
-const char* DisplacementName(Displacement d);     // "za", "2lpt"
+const char* DisplacementName(Displacement d);     // "za", "2lpt", "pm"
 const char* MassAssignmentName(MassAssignment m); // "ngp", "cic"
 StatusOr<Displacement> ParseDisplacement(const std::string& name);
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name);
@@ -52,7 +61,7 @@ struct UniverseOptions {
   int particles_per_side = 0;      // N_p; 0 means side (one particle per voxel)
   std::vector<double> redshifts = {0.0, 0.5, 1.5, 3.0};  // one output channel each
   TransferFunction transfer = TransferFunction::kEisensteinHu;
-  Displacement displacement = Displacement::kZeldovich;  // see docs/data.md for the choice
+  Displacement displacement = Displacement::kPm;  // see docs/data.md for the choice
   MassAssignment assignment = MassAssignment::kNgp;
   // Gaussian truncation of the field that moves the particles, exp(-k^2 R^2 / 2) ("truncated
   // Zel'dovich", Coles, Melott & Shandarin 1993, MNRAS 260, 765; T2LPT, Melott 1995): removes the
@@ -65,6 +74,12 @@ struct UniverseOptions {
   // for which count variance falls monotonically with z on every seed tried and the cubes come
   // closest to the real ones; docs/data.md).
   double smoothing_nl_factor = 0;
+  // Particle mesh (displacement kPm): 2LPT initial conditions at pm_initial_redshift, then
+  // pm_steps kick-drift-kick steps (FastPM factors) to the lowest output redshift, forces from a
+  // CIC density on the particle grid (one mesh cell per voxel). Costs ~4 FFTs + 3 passes over
+  // the particles per step.
+  int pm_steps = 10;
+  double pm_initial_redshift = 9.0;
   double NlFactor() const {
     if (smoothing_nl_factor > 0) return smoothing_nl_factor;
     return displacement == Displacement::k2Lpt ? 0.7 : 0.5;
@@ -102,6 +117,7 @@ class UniverseGenerator {
 
  private:
   UniverseGenerator() = default;
+  Status ParticleMesh(const Cosmology& cosmology, uint64_t index, Cube* cube);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   UniverseOptions options_;

@@ -92,7 +92,7 @@ TEST(SynthCliTest, BadFlagsGiveOneLineAndStatus2) {
       {"--out X --redshifts 0,-1", "redshift"},
       {"--out X --ranges 0.3:0.2,0.8:0.9,0.9:1", "MIN > MAX"},
       {"--out X --transfer cdm", "transfer"},
-      {"--out X --displacement pm", "displacement"},
+      {"--out X --displacement nbody", "displacement"},
       {"--out X --samples", "needs a value"},
       {"--out X --omega-b 0.5", "Omega_b"},
   };
