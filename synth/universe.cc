@@ -609,13 +609,28 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   if (outputs.empty()) return Status::Ok();
   std::sort(outputs.begin(), outputs.end());
   const double a_end = outputs.back().first;
-  std::vector<double> nodes;
-  for (int i = 0; i <= o.pm_steps; ++i) nodes.push_back(a_init + (a_end - a_init) * i / o.pm_steps);
-  for (const auto& out : outputs) nodes.push_back(out.first);
-  std::sort(nodes.begin(), nodes.end());
-  nodes.erase(std::unique(nodes.begin(), nodes.end(),
-                          [](double x, double y) { return std::fabs(x - y) < 1e-9; }),
-              nodes.end());
+  // Time nodes: every output is a node; the steps are shared among the intervals between
+  // outputs in proportion to their length in a (at least one each), evenly spaced within each.
+  std::vector<double> ends = {a_init};
+  for (const auto& out : outputs) {
+    if (out.first - ends.back() > 1e-9) ends.push_back(out.first);
+  }
+  const int intervals = static_cast<int>(ends.size()) - 1;
+  std::vector<int> steps(intervals, 1);
+  for (int extra = o.pm_steps - intervals; extra > 0; --extra) {
+    // Give the next step to the interval with the longest steps.
+    int best = 0;
+    for (int i = 1; i < intervals; ++i) {
+      if ((ends[i + 1] - ends[i]) / steps[i] > (ends[best + 1] - ends[best]) / steps[best]) best = i;
+    }
+    ++steps[best];
+  }
+  std::vector<double> nodes = {a_init};
+  for (int i = 0; i < intervals; ++i) {
+    for (int k = 1; k <= steps[i]; ++k) {
+      nodes.push_back(k == steps[i] ? ends[i + 1] : ends[i] + (ends[i + 1] - ends[i]) * k / steps[i]);
+    }
+  }
 
   const int64_t particles = static_cast<int64_t>(m.real_size);
   const double spacing = box / m.n;
@@ -643,8 +658,10 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
     const double a0 = nodes[s], a1 = nodes[s + 1], am = 0.5 * (a0 + a1);
     m.Kick(box, (g_p(am) - g_p(a0)) / g_f(a0));
     m.Drift(box, (d1(a1) - d1(a0)) / g_p(am));
-    m.Forces(box, om, a1);
-    m.Kick(box, (g_p(a1) - g_p(am)) / g_f(a1));
+    if (s + 2 < nodes.size()) {  // the last node needs positions only
+      m.Forces(box, om, a1);
+      m.Kick(box, (g_p(a1) - g_p(am)) / g_f(a1));
+    }
     while (next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9) {
       const int c = outputs[next_output].second;
       const bool ok = m.DepositWith(o, [&](int64_t p, double* x, double* y, double* w) {

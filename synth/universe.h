@@ -75,9 +75,9 @@ struct UniverseOptions {
   // closest to the real ones; docs/data.md).
   double smoothing_nl_factor = 0;
   // Particle mesh (displacement kPm): 2LPT initial conditions at pm_initial_redshift, then
-  // pm_steps kick-drift-kick steps (FastPM factors) to the lowest output redshift, forces from a
-  // CIC density on the particle grid (one mesh cell per voxel). Costs ~4 FFTs + 3 passes over
-  // the particles per step.
+  // pm_steps kick-drift-kick steps (FastPM factors) to the lowest output redshift (at least one
+  // between consecutive output redshifts), forces from a CIC density on the particle grid (one
+  // mesh cell per voxel). Costs ~4 FFTs + 3 passes over the particles per step.
   int pm_steps = 10;
   double pm_initial_redshift = 9.0;
   double NlFactor() const {
