@@ -363,5 +363,29 @@ TEST_F(TrainerE2ETest, BadInputGivesOneClearLineAndANonZeroExit) {
   EXPECT_NE(other.err.find("a different spec"), std::string::npos) << other.err;
 }
 
+TEST_F(TrainerE2ETest, ValidationWritesMetricsPredictionsAndPlots) {
+  const std::string out = dir_ + "/run";
+  RunResult r = Train(2, out, "--spec=tiny32 --batch=2 --epochs=2 --val=" + data_ + "/val.h5 --augment --stage=memory");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(CountLines(r.err, "validation epoch"), 2) << r.err;
+  const std::string log = ReadFile(out + "/train_log.csv");
+  EXPECT_EQ(log.rfind("kind,epoch,step,samples_seen,lr,loss,mae,rel_err_Omega_M,rel_err_sigma_8,rel_err_n_s,", 0), 0u);
+  EXPECT_EQ(CountLines(log, "val,"), 2);
+  // 8 validation cubes split over 2 ranks, gathered and sorted on rank 0.
+  const std::string pred = ReadFile(out + "/val_predictions.csv");
+  EXPECT_EQ(CountLines(pred, ","), 9) << pred;
+  EXPECT_EQ(pred.rfind("index,true_Omega_M,true_sigma_8,true_n_s,pred_Omega_M,pred_sigma_8,pred_n_s\n0,", 0), 0u) << pred;
+  const std::string summary = ReadFile(out + "/run.json");
+  EXPECT_NE(summary.find("\"val_rel_err\""), std::string::npos) << summary;
+  const std::string cmd = "/usr/bin/python3 " COSMOFLOW_SOURCE_DIR "/tools/plot_training.py " + out + " > " + dir_ +
+                          "/plot.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir_ + "/plot.txt");
+  for (const char* png : {"/loss_curves.png", "/pred_vs_true.png"}) {
+    const std::string bytes = ReadFile(out + png);
+    ASSERT_GT(bytes.size(), 1000u) << png;
+    EXPECT_EQ(bytes.substr(1, 3), "PNG") << png;
+  }
+}
+
 }  // namespace
 }  // namespace cosmoflow
