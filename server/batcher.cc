@@ -89,7 +89,12 @@ void Batcher::WorkerLoop() {
     // Wait for company, but never longer than max_queue_delay after the oldest arrived, or
     // max_prepare_wait more while requests that will join are still being prepared. While
     // stopping, queued work is run at once.
-    const auto flush_at = queue_.front()->enqueued + options_.max_queue_delay;
+    auto delay = options_.max_queue_delay;
+    if (delay.count() < 0) {
+      const double auto_seconds = model_ ? std::min(0.1, 0.1 * model_->forward1_seconds()) : 0.0;
+      delay = std::chrono::microseconds(int64_t(auto_seconds * 1e6));
+    }
+    const auto flush_at = queue_.front()->enqueued + delay;
     const auto hard_flush_at = flush_at + options_.max_prepare_wait;
     auto full = [&] { return stopping_ || int(queue_.size()) >= max_batch; };
     cv_.wait_until(lock, flush_at, full);

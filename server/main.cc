@@ -21,7 +21,7 @@ constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
   --address HOST:PORT        gRPC address (default 0.0.0.0:8500; port 0 = pick a free one)
   --metrics-address HOST:PORT  Prometheus /metrics (default 0.0.0.0:9464; "" disables)
   --max-batch N              largest dynamic batch (default 4)
-  --max-queue-delay-ms MS    longest wait for a batch to fill (default 2)
+  --max-queue-delay-ms MS    longest wait for a batch to fill (default: auto, 10% of one forward pass)
   --max-queue N              queued cubes before RESOURCE_EXHAUSTED (default 64)
   --max-prepare-wait-ms MS   extra wait for cubes still being validated when a batch is due (default 50)
   --max-message-bytes N      gRPC message limit, both ways (default 67108864)
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   options.tls_key = flags.Get("tls-key");
   options.tls_client_ca = flags.Get("tls-client-ca");
   auto max_batch = flags.GetInt("max-batch", 4);
-  auto delay_ms = flags.GetDouble("max-queue-delay-ms", 2);
+  auto delay_ms = flags.GetDouble("max-queue-delay-ms", -1);
   auto max_queue = flags.GetInt("max-queue", 64);
   auto prepare_ms = flags.GetDouble("max-prepare-wait-ms", 50);
   auto max_message = flags.GetInt("max-message-bytes", 64 << 20);
@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
        {max_batch.status(), delay_ms.status(), prepare_ms.status(), max_queue.status(),
         max_message.status(), watch_ms.status(), drain_s.status(), precision.status()})
     if (!s.ok()) return usage_error(s.message());
-  if (*delay_ms < 0 || *prepare_ms < 0 || *watch_ms < 0 || *drain_s < 0)
+  if ((*delay_ms < 0 && flags.Has("max-queue-delay-ms")) || *prepare_ms < 0 || *watch_ms < 0 ||
+      *drain_s < 0)
     return usage_error("durations must not be negative");
   options.max_batch = int(*max_batch);
   options.max_queue_delay = std::chrono::microseconds(int64_t(*delay_ms * 1000));

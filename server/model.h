@@ -44,6 +44,8 @@ class Model {
   const std::string& version() const { return version_; }  // "<spec>-<step>-<checksum>"
   const ModelOptions& options() const { return options_; }
   double load_seconds() const { return load_seconds_; }
+  // Time of one warm batch-1 forward pass, measured at load.
+  double forward1_seconds() const { return forward1_seconds_; }
   double loaded_at_unix_seconds() const { return loaded_at_unix_seconds_; }
   int64_t input_elements() const;  // per cube: C * side^3
   int num_outputs() const { return int(checkpoint_.spec.outputs.size()); }
@@ -59,6 +61,7 @@ class Model {
   std::string version_;
   ModelOptions options_;
   double load_seconds_ = 0;
+  double forward1_seconds_ = 0;
   double loaded_at_unix_seconds_ = 0;
   std::vector<std::unique_ptr<Network>> networks_;  // largest batch first
   std::vector<float> normalised_;                   // max_batch x P scratch

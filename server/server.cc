@@ -456,8 +456,6 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   if (options.max_message_bytes < 1024 || options.max_message_bytes > (int64_t{2} << 30) - 1)
     return InvalidArgumentError("--max-message-bytes " + std::to_string(options.max_message_bytes) +
                                 " is outside [1 KiB, 2 GiB)");
-  if (options.max_queue_delay.count() < 0)
-    return InvalidArgumentError("--max-queue-delay must not be negative");
 
   std::unique_ptr<InferenceServer> server(new InferenceServer(options));
   if (!options.metrics_address.empty())

@@ -37,7 +37,7 @@ struct ServerOptions {
   std::string metrics_address;             // host:port for /metrics; empty = no exposer
   std::string checkpoint;                  // a checkpoint file or a checkpoint directory
   int max_batch = 4;
-  std::chrono::microseconds max_queue_delay{2000};
+  std::chrono::microseconds max_queue_delay{-1};  // negative: automatic (see BatcherOptions)
   int max_queue = 64;
   // Extra wait for requests still being validated/transformed when a batch is due (BatcherOptions).
   std::chrono::microseconds max_prepare_wait{50000};
