@@ -20,11 +20,11 @@
 #include "core/io/dataset.h"
 #include "core/nn/checkpoint.h"
 #include "core/nn/network.h"
+#include "core/nn/optimizer.h"
 #include "core/nn/spec.h"
 #include "trainer/prefetch_loader.h"
 #include "trainer/grad_allreducer.h"
 #include "trainer/lr_recipe.h"
-#include "trainer/optimizer.h"
 #include "trainer/run_log.h"
 #include "trainer/sampler.h"
 #include "trainer/signals.h"
@@ -191,7 +191,7 @@ class Trainer {
   LabelMap train_labels_, val_labels_;
   std::unique_ptr<EpochSampler> sampler_;
   std::unique_ptr<Network> net_, val_net_;
-  std::unique_ptr<TrainerOptimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradientAllreducer> reducer_;
   std::unique_ptr<LrRecipeSchedule> schedule_;
   std::unique_ptr<RunLog> log_;
@@ -318,11 +318,12 @@ Status Trainer::Setup() {
   net_->InitParameters(seed_);
   net_->ParametersUpdated();
 
-  TrainerOptimizerConfig oc;
+  // core/nn's optimizers (SGD with L2 weight decay, AdamW-style decoupled decay for Adam).
+  OptimizerConfig oc;
   oc.name = opt_.optimizer;
-  oc.momentum = opt_.momentum;
-  oc.weight_decay = opt_.weight_decay;
-  auto optimizer = TrainerOptimizer::Create(oc, net_->parameters());
+  oc.momentum = static_cast<float>(opt_.momentum);
+  oc.weight_decay = static_cast<float>(opt_.weight_decay);
+  auto optimizer = Optimizer::Create(oc);
   CF_RETURN_IF_ERROR(AgreeOnStatus(optimizer.status(), world_.comm));
   optimizer_ = std::move(optimizer).value();
 
@@ -382,7 +383,7 @@ Status Trainer::Resume() {
                                       "' optimizer state but this run uses '" + optimizer_->name() + "'");
     } else {
       local = net_->LoadParameters(c.weights).WithContext("checkpoint " + path);
-      if (local.ok()) local = optimizer_->LoadState(c.optimizer_state).WithContext("checkpoint " + path);
+      if (local.ok()) local = optimizer_->RestoreState(net_->parameters(), c.optimizer_state).WithContext("checkpoint " + path);
     }
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
@@ -416,7 +417,7 @@ Status Trainer::SaveCheckpoint() {
     Checkpoint c;
     c.spec = spec_;
     c.weights = net_->ExportParameters();
-    c.optimizer_state = optimizer_->ExportState();
+    c.optimizer_state = optimizer_->ExportState(net_->parameters());
     c.state.step = step_;
     c.state.epoch = step_ / steps_per_epoch_;
     c.state.samples_seen = samples_seen_;
@@ -698,7 +699,7 @@ int Trainer::Run() {
     loader.Release(batch);
     reducer_->FinishStep();
     comm += reducer_->last_wait_seconds();
-    optimizer_->Step(params, lr_);
+    optimizer_->Step(params, static_cast<float>(lr_));
     net_->ParametersUpdated();
     ++step_;
     samples_seen_ += sampler_->global_batch();
