@@ -29,7 +29,8 @@ const char* TransferFunctionName(TransferFunction t) {
 }
 
 StatusOr<TransferFunction> ParseTransferFunction(const std::string& name) {
-  if (name == "eh98" || name == "eh" || name == "eisenstein-hu") return TransferFunction::kEisensteinHu;
+  if (name == "eh98" || name == "eh" || name == "eisenstein-hu")
+    return TransferFunction::kEisensteinHu;
   if (name == "bbks") return TransferFunction::kBbks;
   return InvalidArgumentError("transfer function '" + name + "' is not one of eh98, bbks");
 }
@@ -39,7 +40,8 @@ Status CosmologyParams::Validate() const {
     return InvalidArgumentError(std::string(name) + " = " + Num(v) + ": " + why);
   };
   if (!(omega_m > 0 && omega_m <= 1)) return bad("Omega_M", omega_m, "must be in (0, 1]");
-  if (!(omega_b > 0 && omega_b < omega_m)) return bad("Omega_b", omega_b, "must be in (0, Omega_M)");
+  if (!(omega_b > 0 && omega_b < omega_m))
+    return bad("Omega_b", omega_b, "must be in (0, Omega_M)");
   if (!(sigma_8 > 0 && sigma_8 < 10)) return bad("sigma_8", sigma_8, "must be in (0, 10)");
   if (!(n_s > 0 && n_s < 3)) return bad("n_s", n_s, "must be in (0, 3)");
   if (!(h > 0 && h < 2)) return bad("h", h, "must be in (0, 2)");
@@ -60,19 +62,19 @@ StatusOr<Cosmology> Cosmology::Create(const CosmologyParams& params, TransferFun
   const double theta2 = theta_cmb * theta_cmb, theta4 = theta2 * theta2;
   EhScalars& e = c.eh_;
   e.f_baryon = params.omega_b / params.omega_m;
-  const double z_equality = 2.50e4 * omhh / theta4;                        // eq. 2
-  e.k_equality = 0.0746 * omhh / theta2;                                   // eq. 3, 1/Mpc
+  const double z_equality = 2.50e4 * omhh / theta4;  // eq. 2
+  e.k_equality = 0.0746 * omhh / theta2;             // eq. 3, 1/Mpc
   const double z_drag_b1 = 0.313 * std::pow(omhh, -0.419) * (1 + 0.607 * std::pow(omhh, 0.674));
   const double z_drag_b2 = 0.238 * std::pow(omhh, 0.223);
   const double z_drag = 1291 * std::pow(omhh, 0.251) / (1 + 0.659 * std::pow(omhh, 0.828)) *
-                        (1 + z_drag_b1 * std::pow(obhh, z_drag_b2));       // eq. 4
-  const double r_drag = 31.5 * obhh / theta4 * (1000 / (1 + z_drag));      // eq. 5
+                        (1 + z_drag_b1 * std::pow(obhh, z_drag_b2));   // eq. 4
+  const double r_drag = 31.5 * obhh / theta4 * (1000 / (1 + z_drag));  // eq. 5
   const double r_equality = 31.5 * obhh / theta4 * (1000 / z_equality);
   e.sound_horizon = 2. / 3. / e.k_equality * std::sqrt(6. / r_equality) *
                     std::log((std::sqrt(1 + r_drag) + std::sqrt(r_drag + r_equality)) /
-                             (1 + std::sqrt(r_equality)));                 // eq. 6, Mpc
+                             (1 + std::sqrt(r_equality)));  // eq. 6, Mpc
   e.k_silk = 1.6 * std::pow(obhh, 0.52) * std::pow(omhh, 0.73) *
-             (1 + std::pow(10.4 * omhh, -0.95));                           // eq. 7
+             (1 + std::pow(10.4 * omhh, -0.95));  // eq. 7
   const double alpha_c_a1 = std::pow(46.9 * omhh, 0.670) * (1 + std::pow(32.1 * omhh, -0.532));
   const double alpha_c_a2 = std::pow(12.0 * omhh, 0.424) * (1 + std::pow(45.0 * omhh, -0.582));
   e.alpha_c = std::pow(alpha_c_a1, -e.f_baryon) *
@@ -84,9 +86,9 @@ StatusOr<Cosmology> Cosmology::Create(const CosmologyParams& params, TransferFun
   const double sy = std::sqrt(1 + y);
   const double alpha_b_g = y * (-6 * sy + (2 + 3 * y) * std::log((sy + 1) / (sy - 1)));  // eq. 15
   e.alpha_b = 2.07 * e.k_equality * e.sound_horizon * std::pow(1 + r_drag, -0.75) * alpha_b_g;
-  e.beta_node = 8.41 * std::pow(omhh, 0.435);                              // eq. 23
-  e.beta_b = 0.5 + e.f_baryon +
-             (3 - 2 * e.f_baryon) * std::sqrt(std::pow(17.2 * omhh, 2) + 1);  // eq. 24
+  e.beta_node = 8.41 * std::pow(omhh, 0.435);  // eq. 23
+  e.beta_b =
+      0.5 + e.f_baryon + (3 - 2 * e.f_baryon) * std::sqrt(std::pow(17.2 * omhh, 2) + 1);  // eq. 24
 
   c.growth_today_ = c.UnnormalisedGrowth(1.0);
   c.amplitude_ = 1.0;
@@ -100,8 +102,8 @@ StatusOr<Cosmology> Cosmology::Create(const CosmologyParams& params, TransferFun
 
 double Cosmology::EisensteinHuTransfer(double k_hmpc) const {
   const EhScalars& e = eh_;
-  const double k = k_hmpc * params_.h;  // the fit is written in 1/Mpc
-  const double q = k / (13.41 * e.k_equality);                             // eq. 10
+  const double k = k_hmpc * params_.h;          // the fit is written in 1/Mpc
+  const double q = k / (13.41 * e.k_equality);  // eq. 10
   const double xx = k * e.sound_horizon;
   const double q2 = q * q;
   // CDM part, eqs. 17-20.
@@ -109,18 +111,18 @@ double Cosmology::EisensteinHuTransfer(double k_hmpc) const {
   const double ln_nobeta = std::log(M_E + 1.8 * q);
   const double c_alpha = 14.2 / e.alpha_c + 386 / (1 + 69.9 * std::pow(q, 1.08));
   const double c_noalpha = 14.2 + 386 / (1 + 69.9 * std::pow(q, 1.08));
-  const double f = 1 / (1 + std::pow(xx / 5.4, 4));                         // eq. 18
+  const double f = 1 / (1 + std::pow(xx / 5.4, 4));  // eq. 18
   const double t_c = f * ln_beta / (ln_beta + c_noalpha * q2) +
-                     (1 - f) * ln_beta / (ln_beta + c_alpha * q2);         // eq. 17
+                     (1 - f) * ln_beta / (ln_beta + c_alpha * q2);  // eq. 17
   // Baryon part, eqs. 21-22.
   const double s_tilde = e.sound_horizon / std::cbrt(1 + std::pow(e.beta_node / xx, 3));
   const double xx_tilde = k * s_tilde;
   const double t_b_t0 = ln_nobeta / (ln_nobeta + c_noalpha * q2);
   const double sinc = xx_tilde > 1e-8 ? std::sin(xx_tilde) / xx_tilde : 1.0;
-  const double t_b = sinc * (t_b_t0 / (1 + std::pow(xx / 5.2, 2)) +
-                             e.alpha_b / (1 + std::pow(e.beta_b / xx, 3)) *
-                                 std::exp(-std::pow(k / e.k_silk, 1.4)));
-  return e.f_baryon * t_b + (1 - e.f_baryon) * t_c;                        // eq. 16
+  const double t_b =
+      sinc * (t_b_t0 / (1 + std::pow(xx / 5.2, 2)) + e.alpha_b / (1 + std::pow(e.beta_b / xx, 3)) *
+                                                         std::exp(-std::pow(k / e.k_silk, 1.4)));
+  return e.f_baryon * t_b + (1 - e.f_baryon) * t_c;  // eq. 16
 }
 
 double Cosmology::BbksTransfer(double k) const {
@@ -129,9 +131,9 @@ double Cosmology::BbksTransfer(double k) const {
   const double q = k / gamma;
   if (q < 1e-8) return 1.0;
   return std::log(1 + 2.34 * q) / (2.34 * q) *
-         std::pow(1 + 3.89 * q + std::pow(16.1 * q, 2) + std::pow(5.46 * q, 3) +
-                      std::pow(6.71 * q, 4),
-                  -0.25);
+         std::pow(
+             1 + 3.89 * q + std::pow(16.1 * q, 2) + std::pow(5.46 * q, 3) + std::pow(6.71 * q, 4),
+             -0.25);
 }
 
 double Cosmology::Transfer(double k) const {

@@ -38,12 +38,12 @@ const char* TransferFunctionName(TransferFunction t);  // "eh98", "bbks"
 StatusOr<TransferFunction> ParseTransferFunction(const std::string& name);
 
 struct CosmologyParams {
-  double omega_m = 0.3;     // total matter density today, in units of the critical density
-  double sigma_8 = 0.8;     // rms linear density contrast in top-hat spheres of 8 Mpc/h, z = 0
-  double n_s = 0.96;        // primordial spectral index
-  double omega_b = 0.045;   // baryon density
-  double h = 0.703;         // H0 / (100 km/s/Mpc)
-  double t_cmb = 2.7255;    // CMB temperature in K (only used by Eisenstein-Hu)
+  double omega_m = 0.3;    // total matter density today, in units of the critical density
+  double sigma_8 = 0.8;    // rms linear density contrast in top-hat spheres of 8 Mpc/h, z = 0
+  double n_s = 0.96;       // primordial spectral index
+  double omega_b = 0.045;  // baryon density
+  double h = 0.703;        // H0 / (100 km/s/Mpc)
+  double t_cmb = 2.7255;   // CMB temperature in K (only used by Eisenstein-Hu)
 
   // Checks the physical ranges this module supports (0 < Omega_b < Omega_M <= 1, 0 < h < 2, ...).
   // Errors name the parameter and its value.

@@ -32,8 +32,10 @@ int main(int argc, char** argv) {
   flags.AddInt("first-file-number", &first_file_number,
                "number of the first file in shard names (for split lists; default 0)");
   flags.AddInt("compress", &compress, "HDF5 gzip level 0..9 (default 0: none)");
-  flags.AddBool("skip-corrupt", &skip_corrupt, "skip and report corrupt records instead of stopping");
-  flags.AddString("report", &report, "write a TSV line per record (imported/skipped, shard, index)");
+  flags.AddBool("skip-corrupt", &skip_corrupt,
+                "skip and report corrupt records instead of stopping");
+  flags.AddString("report", &report,
+                  "write a TSV line per record (imported/skipped, shard, index)");
   flags.AddInt("side", &side, "expected cube side (default 128)");
   flags.AddBool("quiet", &quiet, "no progress lines");
   flags.AddBool("help", &help, "this text");
@@ -52,7 +54,8 @@ int main(int argc, char** argv) {
       files.insert(files.end(), list->begin(), list->end());
     }
   }
-  if (s.ok() && files.empty()) s = InvalidArgumentError("no input files (give paths or --files-from)");
+  if (s.ok() && files.empty())
+    s = InvalidArgumentError("no input files (give paths or --files-from)");
   if (s.ok() && (side < 4 || side > 1024)) s = InvalidArgumentError("--side must be in 4..1024");
   if (s.ok() && (files_per_shard < 1 || files_per_shard > 1000000)) {
     s = InvalidArgumentError("--files-per-shard must be in 1..1000000");

@@ -56,8 +56,8 @@ FileResult ReadFile(const std::string& path, int side) {
     if (eof) break;
     auto sample = DecodeMlperfExample(record, side);
     if (!sample.ok()) {
-      r.errors.emplace_back(number, sample.status().WithContext(path + ": record " +
-                                                                std::to_string(number)));
+      r.errors.emplace_back(
+          number, sample.status().WithContext(path + ": record " + std::to_string(number)));
       continue;
     }
     r.samples.push_back(std::move(sample).value());
@@ -104,7 +104,8 @@ Status ImportMlperf(const std::vector<std::string>& files, const ImportOptions& 
     return InvalidArgumentError("import: prefix '" + o.prefix + "' must be a non-empty file name");
   }
   if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return FailedPreconditionError(o.out_dir + ": cannot create directory: " + std::strerror(errno));
+    return FailedPreconditionError(o.out_dir +
+                                   ": cannot create directory: " + std::strerror(errno));
   }
   std::unique_ptr<std::ofstream> report;
   if (!o.report_path.empty()) {
@@ -173,13 +174,13 @@ Status ImportMlperf(const std::vector<std::string>& files, const ImportOptions& 
         const size_t last = std::min(files.size(), first + o.files_per_shard);
         std::string sources;
         for (size_t k = first; k < last; ++k) sources += "\n  " + files[k];
-        info.provenance = "cosmoflow-import (git " COSMOFLOW_GIT_REV ")\ncommand: " +
-                          o.command_line +
-                          "\nlabels: params = p0 (1 + 0.1 unitPar), p0 = (0.3, 0.8, 0.96, 70); "
-                          "params_unit = unitPar as stored\nbox: 128 voxels span 128 H0/70 Mpc/h "
-                          "(box_size_mpc_h is the nominal value at H0 = 70)\nsource files "
-                          "(corrupt records are skipped and reported):" +
-                          sources;
+        info.provenance =
+            "cosmoflow-import (git " COSMOFLOW_GIT_REV ")\ncommand: " + o.command_line +
+            "\nlabels: params = p0 (1 + 0.1 unitPar), p0 = (0.3, 0.8, 0.96, 70); "
+            "params_unit = unitPar as stored\nbox: 128 voxels span 128 H0/70 Mpc/h "
+            "(box_size_mpc_h is the nominal value at H0 = 70)\nsource files "
+            "(corrupt records are skipped and reported):" +
+            sources;
         shard_path = ShardName(o, o.first_file_number + static_cast<int64_t>(first));
         auto w = DatasetWriter::Create(shard_path, info, write_options);
         if (!w.ok()) {
@@ -218,8 +219,7 @@ Status ImportMlperf(const std::vector<std::string>& files, const ImportOptions& 
     }
   }
   CF_RETURN_IF_ERROR(close_shard());
-  stats->seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return Status::Ok();
 }
 

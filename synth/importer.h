@@ -27,25 +27,25 @@ namespace cosmoflow {
 namespace synth {
 
 struct ImportOptions {
-  std::string out_dir;              // created if missing
+  std::string out_dir;  // created if missing
   std::string prefix = "mlperf";
-  int files_per_shard = 64;         // one record per file in the MLPerf set: ~1 GiB per shard
-  int compression_level = 0;        // 0 none, 1..9 gzip (+ shuffle) in HDF5
+  int files_per_shard = 64;   // one record per file in the MLPerf set: ~1 GiB per shard
+  int compression_level = 0;  // 0 none, 1..9 gzip (+ shuffle) in HDF5
   bool skip_corrupt = false;
-  int side = 128;                   // expected cube side
-  std::string report_path;          // optional TSV: file, record, status, shard, index, message
-  std::string command_line;         // recorded in provenance
-  bool progress = true;             // progress lines on stderr (about every 2 s)
-  int64_t first_file_number = 0;    // numbering offset for shard names (for split file lists)
+  int side = 128;                 // expected cube side
+  std::string report_path;        // optional TSV: file, record, status, shard, index, message
+  std::string command_line;       // recorded in provenance
+  bool progress = true;           // progress lines on stderr (about every 2 s)
+  int64_t first_file_number = 0;  // numbering offset for shard names (for split file lists)
 };
 
 struct ImportStats {
   int64_t files = 0;
-  int64_t records = 0;              // records imported
-  int64_t skipped_records = 0;      // corrupt records skipped (skip_corrupt)
+  int64_t records = 0;          // records imported
+  int64_t skipped_records = 0;  // corrupt records skipped (skip_corrupt)
   int64_t files_with_errors = 0;
-  int64_t compressed_bytes = 0;     // sizes of the input files
-  int64_t uncompressed_bytes = 0;   // TFRecord stream bytes consumed
+  int64_t compressed_bytes = 0;    // sizes of the input files
+  int64_t uncompressed_bytes = 0;  // TFRecord stream bytes consumed
   double seconds = 0;
   std::vector<std::string> shards;  // shard files written
   std::vector<std::string> errors;  // one line per skipped record/file

@@ -22,11 +22,11 @@ StatusOr<MlperfSample> DecodeMlperfExample(std::string_view record, int side) {
                          " values");
   }
   if (y->second.kind != ExampleFeature::Kind::kFloat || y->second.floats.size() != kMlperfParams) {
-    return DataLossError(std::string("feature 'y' must be a float_list of 4 unitPar values, found a ") +
-                         FeatureKindName(y->second.kind) + " with " +
-                         std::to_string(y->second.floats.size() + y->second.ints.size() +
-                                        y->second.bytes.size()) +
-                         " values");
+    return DataLossError(
+        std::string("feature 'y' must be a float_list of 4 unitPar values, found a ") +
+        FeatureKindName(y->second.kind) + " with " +
+        std::to_string(y->second.floats.size() + y->second.ints.size() + y->second.bytes.size()) +
+        " values");
   }
   const CubeShape shape{kMlperfChannels, side, side, side};
   const std::string_view bytes = x->second.bytes[0];
@@ -41,8 +41,8 @@ StatusOr<MlperfSample> DecodeMlperfExample(std::string_view record, int side) {
   for (int p = 0; p < kMlperfParams; ++p) {
     const float u = y->second.floats[p];
     if (!std::isfinite(u)) {
-      return DataLossError("feature 'y' value " + std::to_string(p) + " (" +
-                           kMlperfParamNames[p] + ") is not finite");
+      return DataLossError("feature 'y' value " + std::to_string(p) + " (" + kMlperfParamNames[p] +
+                           ") is not finite");
     }
     sample.unit[p] = u;
     sample.physical[p] = static_cast<float>(MlperfUnitToPhysical(p, u));

@@ -42,8 +42,8 @@ inline double MlperfPhysicalToUnit(int param, double p) {
 }
 
 struct MlperfSample {
-  Cube cube;                                 // int16, channel-first (4, side, side, side)
-  std::array<float, kMlperfParams> unit{};   // unitPar as stored
+  Cube cube;                                // int16, channel-first (4, side, side, side)
+  std::array<float, kMlperfParams> unit{};  // unitPar as stored
   std::array<float, kMlperfParams> physical{};
 };
 

@@ -31,7 +31,8 @@ constexpr char kUsage[] =
     "Sample i is a pure function of (--seed, i): split work with --first-index.\n";
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string Join(const std::vector<double>& v) {
@@ -51,8 +52,8 @@ int main(int argc, char** argv) {
   std::string out, redshifts_text = "0,0.5,1.5,3", ranges_text, omega_m_text, sigma_8_text,
                    n_s_text, transfer_text = "eh98", displacement_text = "pm",
                    assignment_text = "ngp", smoothing_text = "auto", prefix = "synth";
-  int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0,
-          samples_per_shard = 64, threads = 0, compress = 0, pm_steps = 10;
+  int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
+          threads = 0, compress = 0, pm_steps = 10;
   double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0, pm_z_init = 9;
   bool quiet = false, help = false;
   FlagParser flags("synth");
@@ -62,8 +63,10 @@ int main(int argc, char** argv) {
   flags.AddInt("seed", &seed, "random seed (default 0)");
   flags.AddInt("side", &side, "voxels per side (default 128)");
   flags.AddDouble("voxel-size", &voxel_size, "Mpc/h per voxel (default 1)");
-  flags.AddInt("particles-per-side", &particles, "particle grid side (default = side: 1 per voxel)");
-  flags.AddString("redshifts", &redshifts_text, "comma-separated, one channel each (default 0,0.5,1.5,3)");
+  flags.AddInt("particles-per-side", &particles,
+               "particle grid side (default = side: 1 per voxel)");
+  flags.AddString("redshifts", &redshifts_text,
+                  "comma-separated, one channel each (default 0,0.5,1.5,3)");
   flags.AddString("ranges", &ranges_text,
                   "Omega_M,sigma_8,n_s ranges as MIN:MAX,MIN:MAX,MIN:MAX "
                   "(default 0.25:0.35,0.78:0.95,0.9:1.0)");
@@ -73,10 +76,12 @@ int main(int argc, char** argv) {
   flags.AddDouble("omega-b", &omega_b, "baryon density (default 0.045)");
   flags.AddDouble("h", &h, "H0 / 100 km/s/Mpc (default 0.703)");
   flags.AddString("transfer", &transfer_text, "eh98 (default) or bbks");
-  flags.AddString("displacement", &displacement_text,
-                  "pm (default: 2LPT + particle-mesh N-body), za or 2lpt (truncated LPT, ~10x faster)");
+  flags.AddString(
+      "displacement", &displacement_text,
+      "pm (default: 2LPT + particle-mesh N-body), za or 2lpt (truncated LPT, ~10x faster)");
   flags.AddInt("pm-steps", &pm_steps, "particle-mesh time steps (default 10)");
-  flags.AddDouble("pm-initial-redshift", &pm_z_init, "particle-mesh start, 2LPT before it (default 9)");
+  flags.AddDouble("pm-initial-redshift", &pm_z_init,
+                  "particle-mesh start, 2LPT before it (default 9)");
   flags.AddString("assignment", &assignment_text, "ngp (default) or cic");
   flags.AddString("smoothing", &smoothing_text,
                   "truncation: auto (default, R = factor/k_nl(z)), 0 (none) or R in Mpc/h");
@@ -95,9 +100,12 @@ int main(int argc, char** argv) {
   }
   if (!s.ok()) return Fail(s, 2);
   if (out.empty()) return Fail(InvalidArgumentError("--out DIR|FILE.h5 is required"), 2);
-  if (samples < 1 || samples > 100000000) return Fail(InvalidArgumentError("--samples must be >= 1"), 2);
-  if (first_index < 0 || seed < 0) return Fail(InvalidArgumentError("--first-index and --seed must be >= 0"), 2);
-  if (samples_per_shard < 1) return Fail(InvalidArgumentError("--samples-per-shard must be >= 1"), 2);
+  if (samples < 1 || samples > 100000000)
+    return Fail(InvalidArgumentError("--samples must be >= 1"), 2);
+  if (first_index < 0 || seed < 0)
+    return Fail(InvalidArgumentError("--first-index and --seed must be >= 0"), 2);
+  if (samples_per_shard < 1)
+    return Fail(InvalidArgumentError("--samples-per-shard must be >= 1"), 2);
   if (compress < 0 || compress > 9) return Fail(InvalidArgumentError("--compress must be 0..9"), 2);
   if (side < 4 || side > 1024) return Fail(InvalidArgumentError("--side must be in 4..1024"), 2);
   if (particles < 0 || particles > 2048) {
@@ -114,7 +122,8 @@ int main(int argc, char** argv) {
   uo.particles_per_side = static_cast<int>(particles);
   uo.threads = static_cast<int>(threads);
   uo.smoothing_nl_factor = smoothing_factor;
-  if (pm_steps < 1 || pm_steps > 1000) return Fail(InvalidArgumentError("--pm-steps must be in 1..1000"), 2);
+  if (pm_steps < 1 || pm_steps > 1000)
+    return Fail(InvalidArgumentError("--pm-steps must be in 1..1000"), 2);
   uo.pm_steps = static_cast<int>(pm_steps);
   uo.pm_initial_redshift = pm_z_init;
   auto redshifts = ParseDoubleList(redshifts_text, "--redshifts");
@@ -149,7 +158,8 @@ int main(int argc, char** argv) {
     std::string part;
     while (std::getline(ss, part, ',')) parts.push_back(part);
     if (parts.size() != 3) {
-      return Fail(InvalidArgumentError("--ranges: need 3 ranges MIN:MAX for Omega_M,sigma_8,n_s"), 2);
+      return Fail(InvalidArgumentError("--ranges: need 3 ranges MIN:MAX for Omega_M,sigma_8,n_s"),
+                  2);
     }
     omega_m_text = omega_m_text.empty() ? parts[0] : omega_m_text;
     sigma_8_text = sigma_8_text.empty() ? parts[1] : sigma_8_text;
@@ -167,9 +177,14 @@ int main(int argc, char** argv) {
     *hi = r.second;
     return Status::Ok();
   };
-  if (Status r = set_range(omega_m_text, "Omega_M range", &ranges.omega_m_min, &ranges.omega_m_max); !r.ok()) return Fail(r, 2);
-  if (Status r = set_range(sigma_8_text, "sigma_8 range", &ranges.sigma_8_min, &ranges.sigma_8_max); !r.ok()) return Fail(r, 2);
-  if (Status r = set_range(n_s_text, "n_s range", &ranges.n_s_min, &ranges.n_s_max); !r.ok()) return Fail(r, 2);
+  if (Status r = set_range(omega_m_text, "Omega_M range", &ranges.omega_m_min, &ranges.omega_m_max);
+      !r.ok())
+    return Fail(r, 2);
+  if (Status r = set_range(sigma_8_text, "sigma_8 range", &ranges.sigma_8_min, &ranges.sigma_8_max);
+      !r.ok())
+    return Fail(r, 2);
+  if (Status r = set_range(n_s_text, "n_s range", &ranges.n_s_min, &ranges.n_s_max); !r.ok())
+    return Fail(r, 2);
   if (Status r = ranges.Validate(); !r.ok()) return Fail(r, 2);
   CosmologyParams base;
   base.omega_b = omega_b;
@@ -183,7 +198,8 @@ int main(int argc, char** argv) {
 
   const bool single_file = EndsWith(out, ".h5");
   if (!single_file && ::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Fail(FailedPreconditionError(out + ": cannot create directory: " + std::strerror(errno)), 1);
+    return Fail(FailedPreconditionError(out + ": cannot create directory: " + std::strerror(errno)),
+                1);
   }
   if (single_file) samples_per_shard = samples;
 
@@ -244,16 +260,17 @@ int main(int argc, char** argv) {
     }
     const CosmologyParams params = DrawParams(ranges, static_cast<uint64_t>(seed), index, base);
     auto cosmology = Cosmology::Create(params, uo.transfer);
-    if (!cosmology.ok()) return Fail(cosmology.status().WithContext("sample " + std::to_string(index)), 1);
+    if (!cosmology.ok())
+      return Fail(cosmology.status().WithContext("sample " + std::to_string(index)), 1);
     auto cube = (*generator)->Generate(*cosmology, static_cast<uint64_t>(seed), index);
     if (!cube.ok()) return Fail(cube.status(), 1);
-    Status a = writer->Append(*cube, {static_cast<float>(params.omega_m),
-                                      static_cast<float>(params.sigma_8),
-                                      static_cast<float>(params.n_s)});
+    Status a =
+        writer->Append(*cube, {static_cast<float>(params.omega_m),
+                               static_cast<float>(params.sigma_8), static_cast<float>(params.n_s)});
     if (!a.ok()) return Fail(a.WithContext(shard_path), 1);
     const auto now = std::chrono::steady_clock::now();
-    if (!quiet && (std::chrono::duration<double>(now - last_progress).count() > 2.0 ||
-                   n + 1 == samples)) {
+    if (!quiet &&
+        (std::chrono::duration<double>(now - last_progress).count() > 2.0 || n + 1 == samples)) {
       last_progress = now;
       const double t = std::chrono::duration<double>(now - start).count();
       const double rate = (n + 1) / t;

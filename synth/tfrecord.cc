@@ -124,7 +124,8 @@ Status ParseFloatList(std::string_view data, std::vector<float>* out) {
     } else if (wt == 2) {  // packed
       std::string_view packed;
       CF_RETURN_IF_ERROR(r.Bytes(&packed));
-      if (packed.size() % 4) return r.Error("packed floats of " + std::to_string(packed.size()) + " bytes");
+      if (packed.size() % 4)
+        return r.Error("packed floats of " + std::to_string(packed.size()) + " bytes");
       const size_t old = out->size();
       out->resize(old + packed.size() / 4);
       std::memcpy(out->data() + old, packed.data(), packed.size());
@@ -231,9 +232,12 @@ std::string Varint(uint64_t v) {
 
 const char* FeatureKindName(ExampleFeature::Kind kind) {
   switch (kind) {
-    case ExampleFeature::Kind::kBytes: return "bytes_list";
-    case ExampleFeature::Kind::kFloat: return "float_list";
-    case ExampleFeature::Kind::kInt64: return "int64_list";
+    case ExampleFeature::Kind::kBytes:
+      return "bytes_list";
+    case ExampleFeature::Kind::kFloat:
+      return "float_list";
+    case ExampleFeature::Kind::kInt64:
+      return "int64_list";
   }
   return "?";
 }
@@ -303,13 +307,15 @@ std::string EncodeExample(const std::map<std::string, std::string>& bytes_featur
   std::string features;
   for (const auto& [key, value] : bytes_features) {
     const std::string feature = EncodeLengthDelimited(1, EncodeLengthDelimited(1, value));
-    features += EncodeLengthDelimited(1, EncodeLengthDelimited(1, key) + EncodeLengthDelimited(2, feature));
+    features +=
+        EncodeLengthDelimited(1, EncodeLengthDelimited(1, key) + EncodeLengthDelimited(2, feature));
   }
   for (const auto& [key, values] : float_features) {
     std::string packed(values.size() * 4, '\0');
     std::memcpy(packed.data(), values.data(), packed.size());
     const std::string feature = EncodeLengthDelimited(2, EncodeLengthDelimited(1, packed));
-    features += EncodeLengthDelimited(1, EncodeLengthDelimited(1, key) + EncodeLengthDelimited(2, feature));
+    features +=
+        EncodeLengthDelimited(1, EncodeLengthDelimited(1, key) + EncodeLengthDelimited(2, feature));
   }
   return EncodeLengthDelimited(1, features);
 }
@@ -382,8 +388,8 @@ Status TfRecordReader::ReadFully(void* dst, size_t n, size_t* got, const std::st
 
 Status TfRecordReader::Next(std::string* record, bool* eof) {
   *eof = false;
-  const std::string where = path_ + ": record " + std::to_string(records_) + " at byte " +
-                            std::to_string(offset_);
+  const std::string where =
+      path_ + ": record " + std::to_string(records_) + " at byte " + std::to_string(offset_);
   unsigned char header[12];
   size_t got = 0;
   CF_RETURN_IF_ERROR(ReadFully(header, sizeof(header), &got, where));
@@ -419,8 +425,8 @@ Status TfRecordReader::Next(std::string* record, bool* eof) {
   const uint32_t stored_crc = LoadU32(footer);
   const uint32_t crc = MaskCrc32c(Crc32c(record->data(), length));
   if (stored_crc != crc) {
-    return DataLossError(where + ": data CRC mismatch (stored " + Hex(stored_crc) +
-                         ", computed " + Hex(crc) + ")");
+    return DataLossError(where + ": data CRC mismatch (stored " + Hex(stored_crc) + ", computed " +
+                         Hex(crc) + ")");
   }
   offset_ += 16 + static_cast<int64_t>(length);
   ++records_;

@@ -10,10 +10,10 @@
 // protobuf wire-format reader (varint, 64-bit, length-delimited and 32-bit fields; unknown fields
 // skipped, groups rejected):
 //   Example  { Features features = 1; }
-//   Features { map<string, Feature> feature = 1; }   // map entry: { string key = 1; Feature value = 2; }
-//   Feature  { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3; } }
-//   BytesList { repeated bytes value = 1; }  FloatList { repeated float value = 1 [packed]; }
-//   Int64List { repeated int64 value = 1 [packed]; }
+//   Features { map<string, Feature> feature = 1; }   // map entry: { string key = 1; Feature value
+//   = 2; } Feature  { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2; Int64List
+//   int64_list = 3; } } BytesList { repeated bytes value = 1; }  FloatList { repeated float value =
+//   1 [packed]; } Int64List { repeated int64 value = 1 [packed]; }
 // Every length is bounds-checked: a corrupt record yields a DATA_LOSS status, never a crash.
 #pragma once
 

@@ -56,12 +56,17 @@ std::string Num(double v) {
 
 const char* DisplacementName(Displacement d) {
   switch (d) {
-    case Displacement::k2Lpt: return "2lpt";
-    case Displacement::kPm: return "pm";
-    default: return "za";
+    case Displacement::k2Lpt:
+      return "2lpt";
+    case Displacement::kPm:
+      return "pm";
+    default:
+      return "za";
   }
 }
-const char* MassAssignmentName(MassAssignment m) { return m == MassAssignment::kCic ? "cic" : "ngp"; }
+const char* MassAssignmentName(MassAssignment m) {
+  return m == MassAssignment::kCic ? "cic" : "ngp";
+}
 
 StatusOr<Displacement> ParseDisplacement(const std::string& name) {
   if (name == "za" || name == "zeldovich") return Displacement::kZeldovich;
@@ -77,7 +82,8 @@ StatusOr<MassAssignment> ParseMassAssignment(const std::string& name) {
 }
 
 Status UniverseOptions::Validate() const {
-  if (side < 4 || side > 1024) return InvalidArgumentError("side = " + Num(side) + ": must be in 4..1024");
+  if (side < 4 || side > 1024)
+    return InvalidArgumentError("side = " + Num(side) + ": must be in 4..1024");
   const int np = particle_grid();
   if (np < 4 || np % 2 != 0) {
     return InvalidArgumentError("particles per side = " + Num(np) + ": must be even and >= 4");
@@ -91,13 +97,16 @@ Status UniverseOptions::Validate() const {
   if (redshifts.empty()) return InvalidArgumentError("redshifts: need at least one");
   if (redshifts.size() > 64) return InvalidArgumentError("redshifts: at most 64 channels");
   for (double z : redshifts) {
-    if (!(z >= 0 && z < 1000)) return InvalidArgumentError("redshift " + Num(z) + ": must be in [0, 1000)");
+    if (!(z >= 0 && z < 1000))
+      return InvalidArgumentError("redshift " + Num(z) + ": must be in [0, 1000)");
   }
   if (threads < 0) return InvalidArgumentError("threads = " + Num(threads) + ": must be >= 0");
   if (displacement == Displacement::kPm) {
-    if (pm_steps < 1 || pm_steps > 1000) return InvalidArgumentError("pm steps = " + Num(pm_steps) + ": must be in 1..1000");
+    if (pm_steps < 1 || pm_steps > 1000)
+      return InvalidArgumentError("pm steps = " + Num(pm_steps) + ": must be in 1..1000");
     if (!(pm_initial_redshift > 0 && pm_initial_redshift < 1000)) {
-      return InvalidArgumentError("pm initial redshift = " + Num(pm_initial_redshift) + ": must be in (0, 1000)");
+      return InvalidArgumentError("pm initial redshift = " + Num(pm_initial_redshift) +
+                                  ": must be in (0, 1000)");
     }
     if (particles_per_side > 0 && particles_per_side != side) {
       return InvalidArgumentError("particles per side = " + Num(particles_per_side) +
@@ -105,7 +114,8 @@ Status UniverseOptions::Validate() const {
     }
   }
   if (!(smoothing_nl_factor >= 0 && smoothing_nl_factor < 100)) {
-    return InvalidArgumentError("smoothing factor = " + Num(smoothing_nl_factor) + ": must be in [0, 100)");
+    return InvalidArgumentError("smoothing factor = " + Num(smoothing_nl_factor) +
+                                ": must be in [0, 100)");
   }
   return Status::Ok();
 }
@@ -116,13 +126,13 @@ struct UniverseGenerator::Impl {
   size_t real_size = 0;  // n^3
   size_t complex_size = 0;
   int threads = 1;
-  FloatBuffer real;                 // white noise, then the 2LPT source
-  ComplexBuffer delta_k;            // coloured z = 0 linear field (scaled by 1/n^3), kept intact
-  ComplexBuffer field_k;            // the (smoothed) field that moves particles; then the 2LPT S_k
-  ComplexBuffer scratch_k;          // c2r destroys its input: every transform starts from a copy
-  FloatBuffer psi1[3], psi2[3];     // displacements in Mpc/h
+  FloatBuffer real;              // white noise, then the 2LPT source
+  ComplexBuffer delta_k;         // coloured z = 0 linear field (scaled by 1/n^3), kept intact
+  ComplexBuffer field_k;         // the (smoothed) field that moves particles; then the 2LPT S_k
+  ComplexBuffer scratch_k;       // c2r destroys its input: every transform starts from a copy
+  FloatBuffer psi1[3], psi2[3];  // displacements in Mpc/h
   Plan r2c, c2r;
-  std::vector<double> amplitude;    // sqrt(P(k)/dV)/n^3 indexed by integer |k/k_f|^2
+  std::vector<double> amplitude;  // sqrt(P(k)/dV)/n^3 indexed by integer |k/k_f|^2
 
   // Visits every stored mode (i, j, k) of the r2c half-space with signed frequencies and its
   // flat index, in parallel.
@@ -371,17 +381,20 @@ struct UniverseGenerator::Impl {
     const bool second = d2 != 0.0 && psi2[0];
     const float *p1x = psi1[0].get(), *p1y = psi1[1].get(), *p1z = psi1[2].get();
     const float *p2x = psi2[0].get(), *p2y = psi2[1].get(), *p2z = psi2[2].get();
-    return DepositWith(o, [&](int64_t p, double* x, double* y, double* w) {
-      Lagrangian(p, spacing, x, y, w);
-      *x += d1 * p1x[p];
-      *y += d1 * p1y[p];
-      *w += d1 * p1z[p];
-      if (second) {
-        *x += d2 * p2x[p];
-        *y += d2 * p2y[p];
-        *w += d2 * p2z[p];
-      }
-    }, dst);
+    return DepositWith(
+        o,
+        [&](int64_t p, double* x, double* y, double* w) {
+          Lagrangian(p, spacing, x, y, w);
+          *x += d1 * p1x[p];
+          *y += d1 * p1y[p];
+          *w += d1 * p1z[p];
+          if (second) {
+            *x += d2 * p2x[p];
+            *y += d2 * p2y[p];
+            *w += d2 * p2z[p];
+          }
+        },
+        dst);
   }
 
   // ---- particle-mesh N-body (displacement kPm) ----
@@ -469,7 +482,6 @@ struct UniverseGenerator::Impl {
       }
     }
   }
-
 };
 
 UniverseGenerator::~UniverseGenerator() = default;
@@ -508,10 +520,13 @@ StatusOr<std::unique_ptr<UniverseGenerator>> UniverseGenerator::Create(
     // seed gives the same bytes on every run.
     std::lock_guard<std::mutex> lock(PlannerMutex());
     fftwf_plan_with_nthreads(m.threads);
-    m.r2c.reset(fftwf_plan_dft_r2c_3d(m.n, m.n, m.n, m.real.get(), m.scratch_k.get(), FFTW_ESTIMATE));
-    m.c2r.reset(fftwf_plan_dft_c2r_3d(m.n, m.n, m.n, m.scratch_k.get(), m.real.get(), FFTW_ESTIMATE));
+    m.r2c.reset(
+        fftwf_plan_dft_r2c_3d(m.n, m.n, m.n, m.real.get(), m.scratch_k.get(), FFTW_ESTIMATE));
+    m.c2r.reset(
+        fftwf_plan_dft_c2r_3d(m.n, m.n, m.n, m.scratch_k.get(), m.real.get(), FFTW_ESTIMATE));
   }
-  if (!m.r2c || !m.c2r) return InternalError("synth: FFTW could not plan a " + Num(m.n) + "^3 transform");
+  if (!m.r2c || !m.c2r)
+    return InternalError("synth: FFTW could not plan a " + Num(m.n) + "^3 transform");
   return g;
 }
 
@@ -608,7 +623,6 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   }
   if (outputs.empty()) return Status::Ok();
   std::sort(outputs.begin(), outputs.end());
-  const double a_end = outputs.back().first;
   // Time nodes: every output is a node; the steps are shared among the intervals between
   // outputs in proportion to their length in a (at least one each), evenly spaced within each.
   std::vector<double> ends = {a_init};
@@ -621,14 +635,16 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
     // Give the next step to the interval with the longest steps.
     int best = 0;
     for (int i = 1; i < intervals; ++i) {
-      if ((ends[i + 1] - ends[i]) / steps[i] > (ends[best + 1] - ends[best]) / steps[best]) best = i;
+      if ((ends[i + 1] - ends[i]) / steps[i] > (ends[best + 1] - ends[best]) / steps[best])
+        best = i;
     }
     ++steps[best];
   }
   std::vector<double> nodes = {a_init};
   for (int i = 0; i < intervals; ++i) {
     for (int k = 1; k <= steps[i]; ++k) {
-      nodes.push_back(k == steps[i] ? ends[i + 1] : ends[i] + (ends[i + 1] - ends[i]) * k / steps[i]);
+      nodes.push_back(k == steps[i] ? ends[i + 1]
+                                    : ends[i] + (ends[i + 1] - ends[i]) * k / steps[i]);
     }
   }
 
@@ -664,11 +680,14 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
     }
     while (next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9) {
       const int c = outputs[next_output].second;
-      const bool ok = m.DepositWith(o, [&](int64_t p, double* x, double* y, double* w) {
-        *x = m.pos[0][p];
-        *y = m.pos[1][p];
-        *w = m.pos[2][p];
-      }, cube->int16_data() + c * voxels);
+      const bool ok = m.DepositWith(
+          o,
+          [&](int64_t p, double* x, double* y, double* w) {
+            *x = m.pos[0][p];
+            *y = m.pos[1][p];
+            *w = m.pos[2][p];
+          },
+          cube->int16_data() + c * voxels);
       if (!ok) return overflow(c);
       ++next_output;
     }
@@ -684,8 +703,8 @@ Status ParamRanges::Validate() const {
     }
     if (!(lo > min_ok && hi < max_ok)) {
       return InvalidArgumentError(std::string("range of ") + name + " [" + Num(lo) + ", " +
-                                  Num(hi) + "]: must lie in (" + Num(min_ok) + ", " +
-                                  Num(max_ok) + ")");
+                                  Num(hi) + "]: must lie in (" + Num(min_ok) + ", " + Num(max_ok) +
+                                  ")");
     }
     return Status::Ok();
   };

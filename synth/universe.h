@@ -50,15 +50,15 @@ namespace synth {
 enum class Displacement { kZeldovich, k2Lpt, kPm };
 enum class MassAssignment { kNgp, kCic };
 
-const char* DisplacementName(Displacement d);     // "za", "2lpt", "pm"
-const char* MassAssignmentName(MassAssignment m); // "ngp", "cic"
+const char* DisplacementName(Displacement d);      // "za", "2lpt", "pm"
+const char* MassAssignmentName(MassAssignment m);  // "ngp", "cic"
 StatusOr<Displacement> ParseDisplacement(const std::string& name);
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name);
 
 struct UniverseOptions {
-  int side = 128;                  // voxels per side of the output cube
-  double voxel_size = 1.0;         // Mpc/h per voxel; the periodic box is side * voxel_size
-  int particles_per_side = 0;      // N_p; 0 means side (one particle per voxel)
+  int side = 128;              // voxels per side of the output cube
+  double voxel_size = 1.0;     // Mpc/h per voxel; the periodic box is side * voxel_size
+  int particles_per_side = 0;  // N_p; 0 means side (one particle per voxel)
   std::vector<double> redshifts = {0.0, 0.5, 1.5, 3.0};  // one output channel each
   TransferFunction transfer = TransferFunction::kEisensteinHu;
   Displacement displacement = Displacement::kPm;  // see docs/data.md for the choice
@@ -84,7 +84,7 @@ struct UniverseOptions {
     if (smoothing_nl_factor > 0) return smoothing_nl_factor;
     return displacement == Displacement::k2Lpt ? 0.7 : 0.5;
   }
-  int threads = 0;                 // OpenMP + FFTW threads; 0 = omp_get_max_threads()
+  int threads = 0;  // OpenMP + FFTW threads; 0 = omp_get_max_threads()
 
   double box_size() const { return side * voxel_size; }
   int particle_grid() const { return particles_per_side > 0 ? particles_per_side : side; }
@@ -140,10 +140,10 @@ CosmologyParams DrawParams(const ParamRanges& ranges, uint64_t seed, uint64_t in
 // frequency. P = |dV DFT(delta)|^2 / V. When `model` is set, each bin also holds the mean of
 // model(|k|) over the same modes, which is what the measurement should match on average.
 struct PowerSpectrumBins {
-  std::vector<double> k;          // mean |k| of the modes in the bin, h/Mpc
-  std::vector<double> power;      // mean measured P, (Mpc/h)^3
-  std::vector<double> model;      // mean model P over the same modes (empty without a model)
-  std::vector<int64_t> modes;     // number of modes (counting k and -k once each)
+  std::vector<double> k;       // mean |k| of the modes in the bin, h/Mpc
+  std::vector<double> power;   // mean measured P, (Mpc/h)^3
+  std::vector<double> model;   // mean model P over the same modes (empty without a model)
+  std::vector<int64_t> modes;  // number of modes (counting k and -k once each)
 };
 PowerSpectrumBins MeasurePowerSpectrum(const float* field, int n, double box,
                                        const std::function<double(double)>& model = nullptr);

@@ -1,6 +1,5 @@
 // The `synth` and `cosmoflow-import` programs, run as a user runs them.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -23,7 +22,8 @@ const std::string kSynth = std::string(COSMOFLOW_BINARY_DIR) + "/synth/synth";
 const std::string kImport = std::string(COSMOFLOW_BINARY_DIR) + "/synth/cosmoflow-import";
 
 // Runs a shell command; returns its exit status and fills *err with its stderr.
-int RunCommand(const std::string& command, const std::string& err_file, std::string* err = nullptr) {
+int RunCommand(const std::string& command, const std::string& err_file,
+               std::string* err = nullptr) {
   const int rc = std::system((command + " >/dev/null 2>" + err_file).c_str());
   if (err) *err = ReadAll(err_file);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -33,8 +33,11 @@ TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
   TempDir dir("synth-cli");
   const std::string common = " --side 16 --voxel-size 2 --seed 9 --threads 2 --quiet";
   std::string err;
-  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "a" + " --samples 5 --samples-per-shard 2" + common,
-                dir / "err", &err), 0) << err;
+  ASSERT_EQ(
+      RunCommand(kSynth + " --out " + dir / "a" + " --samples 5 --samples-per-shard 2" + common,
+                 dir / "err", &err),
+      0)
+      << err;
   for (const char* name : {"synth-00000000.h5", "synth-00000002.h5", "synth-00000004.h5"}) {
     EXPECT_TRUE(std::filesystem::exists(dir / "a/" + name)) << name;
   }
@@ -62,8 +65,12 @@ TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
     EXPECT_EQ(sum, 4096);  // z = 0 channel: one particle per voxel
   }
   // Samples 3..4 generated alone (another process, another thread count) are byte-identical.
-  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "b.h5" + " --samples 2 --first-index 3 --side 16 "
-                "--voxel-size 2 --seed 9 --threads 1 --quiet", dir / "err", &err), 0) << err;
+  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "b.h5" +
+                           " --samples 2 --first-index 3 --side 16 "
+                           "--voxel-size 2 --seed 9 --threads 1 --quiet",
+                       dir / "err", &err),
+            0)
+      << err;
   auto b = Dataset::Open(dir / "b.h5");
   ASSERT_TRUE(b.ok());
   ASSERT_EQ((*b)->size(), 2);
@@ -73,9 +80,14 @@ TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
     EXPECT_EQ(*(*a)->ReadParams(3 + i), *(*b)->ReadParams(i));
   }
   // Fixed parameters and one redshift.
-  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "c.h5" + " --samples 1 --side 16 --omega-m 0.3 "
-                "--sigma-8 0.8 --n-s 0.96 --redshifts 0 --displacement 2lpt --assignment cic --quiet",
-                dir / "err", &err), 0) << err;
+  ASSERT_EQ(
+      RunCommand(
+          kSynth + " --out " + dir / "c.h5" +
+              " --samples 1 --side 16 --omega-m 0.3 "
+              "--sigma-8 0.8 --n-s 0.96 --redshifts 0 --displacement 2lpt --assignment cic --quiet",
+          dir / "err", &err),
+      0)
+      << err;
   auto c = Dataset::Open(dir / "c.h5");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)->info().shape.channels, 1);
@@ -111,14 +123,19 @@ TEST(ImportCliTest, ExitStatusSaysWhatHappened) {
   std::string stream = testing::Gunzip(files[0]);
   stream.resize(stream.size() / 2);  // truncated record
   testing::WriteGzip(dir / "cut.tfrecord", stream);
-  testing::WriteAll(dir / "list.txt", files[0] + "\n" + dir / "cut.tfrecord" + "\n" + files[1] + "\n");
+  testing::WriteAll(dir / "list.txt",
+                    files[0] + "\n" + dir / "cut.tfrecord" + "\n" + files[1] + "\n");
   std::string err;
   EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o1" + " --files-from " + dir / "list.txt",
-                dir / "err", &err), 1);
+                       dir / "err", &err),
+            1);
   EXPECT_NE(err.find("cut.tfrecord"), std::string::npos) << err;
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
   EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o2" + " --files-from " + dir / "list.txt" +
-                " --skip-corrupt", dir / "err", &err), 3) << err;
+                           " --skip-corrupt",
+                       dir / "err", &err),
+            3)
+      << err;
   EXPECT_NE(err.find("1 corrupt records skipped"), std::string::npos) << err;
   // The shard is named after the list.
   auto d = Dataset::Open(dir / "o2/list-00000000.h5");

@@ -72,7 +72,8 @@ TEST(ImporterTest, RealFilesBecomeAShardThatReadsBackExactly) {
     ASSERT_TRUE(params.ok());
     for (int p = 0; p < 4; ++p) {
       EXPECT_FLOAT_EQ((*unit)[i * 4 + p], expected.unit[p]);
-      EXPECT_NEAR((*params)[p], MlperfUnitToPhysical(p, expected.unit[p]), 1e-5 * kMlperfParamCentre[p]);
+      EXPECT_NEAR((*params)[p], MlperfUnitToPhysical(p, expected.unit[p]),
+                  1e-5 * kMlperfParamCentre[p]);
     }
   }
   const std::string report = ReadAll(o.report_path);

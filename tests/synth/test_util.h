@@ -16,7 +16,9 @@ namespace cosmoflow {
 namespace synth {
 namespace testing {
 
-inline std::string RealDataDir() { return std::string(COSMOFLOW_SHARED_DIR) + "/data/mlperf-cosmoflow"; }
+inline std::string RealDataDir() {
+  return std::string(COSMOFLOW_SHARED_DIR) + "/data/mlperf-cosmoflow";
+}
 
 // The three real files, sorted; empty if ../shared is absent (tests then skip and say why).
 inline std::vector<std::string> RealFiles() {
@@ -29,9 +31,10 @@ inline std::vector<std::string> RealFiles() {
   return files;
 }
 
-#define CF_REQUIRE_REAL_DATA(files)                                                         \
-  if ((files).size() < 3) {                                                                 \
-    GTEST_SKIP() << "the three real MLPerf TFRecords are not in " << ::cosmoflow::synth::testing::RealDataDir()          \
+#define CF_REQUIRE_REAL_DATA(files)                                                          \
+  if ((files).size() < 3) {                                                                  \
+    GTEST_SKIP() << "the three real MLPerf TFRecords are not in "                            \
+                 << ::cosmoflow::synth::testing::RealDataDir()                               \
                  << " (COSMOFLOW_SHARED_DIR/data/mlperf-cosmoflow): nothing real to import"; \
   }
 

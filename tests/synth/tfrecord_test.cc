@@ -41,11 +41,17 @@ struct Expected {
   float y[4];
 };
 const Expected kExpected[3] = {
-    {{0.958, 0.969, 0.980, 0.987}, {1019, 724, 371, 149}, {0.681, 0.627, 0.517, 0.394},
+    {{0.958, 0.969, 0.980, 0.987},
+     {1019, 724, 371, 149},
+     {0.681, 0.627, 0.517, 0.394},
      {-0.527f, -0.134f, 0.472f, -0.280f}},
-    {{1.139, 1.116, 1.080, 1.053}, {1016, 1028, 376, 156}, {0.631, 0.569, 0.449, 0.328},
+    {{1.139, 1.116, 1.080, 1.053},
+     {1016, 1028, 376, 156},
+     {0.631, 0.569, 0.449, 0.328},
      {-0.360f, 0.327f, -0.866f, 0.124f}},
-    {{0.915, 0.934, 0.958, 0.974}, {932, 716, 432, 151}, {0.690, 0.627, 0.508, 0.383},
+    {{0.915, 0.934, 0.958, 0.974},
+     {932, 716, 432, 151},
+     {0.690, 0.627, 0.508, 0.383},
      {0.521f, -0.013f, -0.009f, -0.039f}},
 };
 
@@ -96,8 +102,8 @@ TEST(TfRecordTest, MappingRoundTrips) {
     EXPECT_DOUBLE_EQ(MlperfUnitToPhysical(p, 0.0), kMlperfParamCentre[p]);
     EXPECT_NEAR(MlperfPhysicalToUnit(p, MlperfUnitToPhysical(p, -0.7)), -0.7, 1e-12);
   }
-  EXPECT_NEAR(MlperfUnitToPhysical(0, 1.0), 0.33, 1e-12);  // Omega_M at u = 1
-  EXPECT_NEAR(MlperfUnitToPhysical(3, -1.0), 63.0, 1e-12); // H0 at u = -1
+  EXPECT_NEAR(MlperfUnitToPhysical(0, 1.0), 0.33, 1e-12);   // Omega_M at u = 1
+  EXPECT_NEAR(MlperfUnitToPhysical(3, -1.0), 63.0, 1e-12);  // H0 at u = -1
 }
 
 std::string SmallExample(int side, bool with_y = true, int y_count = 4) {
@@ -204,11 +210,13 @@ TEST(TfRecordTest, BadExamplesAreErrorsNotCrashes) {
   // Hostile wire data: a length that runs past the end, a truncated varint, wire type 7, and
   // every prefix of a valid example.
   const std::string valid = SmallExample(4);
-  EXPECT_EQ(ParseExample(std::string("\x0a\xff\xff\xff\x0f", 5)).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(ParseExample(std::string("\x0a\xff\xff\xff\x0f", 5)).status().code(),
+            StatusCode::kDataLoss);
   EXPECT_EQ(ParseExample(std::string("\x0a\x80", 2)).status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(ParseExample(std::string("\x0f\x00", 2)).status().code(), StatusCode::kDataLoss);
   int failures = 0;
-  for (size_t cut = 1; cut < 64; ++cut) failures += !DecodeMlperfExample(valid.substr(0, cut), 4).ok();
+  for (size_t cut = 1; cut < 64; ++cut)
+    failures += !DecodeMlperfExample(valid.substr(0, cut), 4).ok();
   EXPECT_EQ(failures, 63);
   uint32_t state = 1;
   for (int trial = 0; trial < 2000; ++trial) {

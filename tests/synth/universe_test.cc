@@ -1,12 +1,12 @@
 #include "synth/universe.h"
 
-#include "synth/random.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <numeric>
+
+#include "synth/random.h"
 
 namespace cosmoflow {
 namespace synth {
@@ -193,7 +193,8 @@ TEST(UniverseTest, HigherSigma8ClustersMore) {
     // Per voxel the truncation (stronger for higher sigma_8) eats part of the gain...
     EXPECT_GT(Variance(high->int16_data(), n), 1.01 * Variance(low->int16_data(), n));
     // ...on 4 Mpc/h blocks the extra power shows clearly.
-    EXPECT_GT(BlockVariance(high->int16_data(), 64, 4), 1.15 * BlockVariance(low->int16_data(), 64, 4));
+    EXPECT_GT(BlockVariance(high->int16_data(), 64, 4),
+              1.15 * BlockVariance(low->int16_data(), 64, 4));
   }
 }
 
@@ -211,8 +212,8 @@ TEST(UniverseTest, HigherRedshiftClustersLess) {
       std::vector<double> var;
       for (int c = 0; c < 4; ++c) var.push_back(Variance(cube->int16_data() + c * n, n));
       for (int c = 1; c < 4; ++c) {
-        EXPECT_LT(var[c], var[c - 1]) << DisplacementName(d) << " " << MassAssignmentName(m)
-                                      << " channel " << c;
+        EXPECT_LT(var[c], var[c - 1])
+            << DisplacementName(d) << " " << MassAssignmentName(m) << " channel " << c;
       }
     }
   }
@@ -274,8 +275,8 @@ TEST(UniverseTest, SecondOrderChangesButDoesNotDominate) {
   const int64_t n = za->shape().voxels();
   int64_t same = 0;
   for (int64_t i = 0; i < n; ++i) same += za->int16_data()[i] == lpt->int16_data()[i];
-  EXPECT_LT(same, n);          // 2LPT moved particles
-  EXPECT_GT(same, n / 4);      // ...but by a correction, not a different universe
+  EXPECT_LT(same, n);      // 2LPT moved particles
+  EXPECT_GT(same, n / 4);  // ...but by a correction, not a different universe
 }
 
 // Second-order LPT reproduces the tree-level skewness of gravity, S3 = 34/7 (+ smoothing terms),
@@ -290,7 +291,7 @@ TEST(UniverseTest, SecondOrderAddsTheRightSkewness) {
     o.voxel_size = 8;
     o.particles_per_side = 96;  // 27 particles per voxel: small shot noise
     o.redshifts = {0.0};
-    o.smoothing = 12;           // weakly non-linear: sigma ~ 0.35
+    o.smoothing = 12;  // weakly non-linear: sigma ~ 0.35
     o.displacement = d ? Displacement::k2Lpt : Displacement::kZeldovich;
     auto g = MakeGenerator(o);
     double m2 = 0, m3 = 0;
