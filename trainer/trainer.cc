@@ -593,6 +593,14 @@ void Trainer::WriteSummary(const std::string& outcome) {
   j["gradient_buckets"] = reducer_ ? reducer_->num_buckets() : 0;
   j["timed_steps"] = steps.size();
   j["median_step_s"] = Median(steps);
+  {
+    // Step-time spread: synchronous training runs at the pace of the slowest rank, so jitter is an
+    // input of the scaling model (docs/training.md).
+    double mean = steps.empty() ? 0 : total / steps.size(), var = 0;
+    for (double x : steps) var += (x - mean) * (x - mean);
+    j["mean_step_s"] = mean;
+    j["stdev_step_s"] = steps.size() > 1 ? std::sqrt(var / (steps.size() - 1)) : 0.0;
+  }
   j["samples_per_s"] = steps.empty() ? 0.0 : (sampler_->global_batch() / Median(steps));
   j["data_wait_frac"] = total > 0 ? sum(waits) / total : 0.0;
   j["comm_wait_frac"] = total > 0 ? sum(comms) / total : 0.0;
