@@ -205,6 +205,7 @@ class Trainer {
   // Timing of this process (rank 0's figures are the ones reported).
   Clock::time_point run_start_;
   std::vector<double> step_seconds_, data_wait_seconds_, comm_wait_seconds_, comm_span_seconds_;
+  std::vector<double> grad_wait_seconds_;  // the part of comm_wait spent in the gradient allreduce
   double window_time_ = 0, window_wait_ = 0, window_comm_ = 0;
   int64_t window_steps_ = 0;
   ValResult last_val_;
@@ -605,6 +606,8 @@ void Trainer::WriteSummary(const std::string& outcome) {
   j["data_wait_frac"] = total > 0 ? sum(waits) / total : 0.0;
   j["comm_wait_frac"] = total > 0 ? sum(comms) / total : 0.0;
   j["median_comm_wait_s"] = Median(comms);
+  // comm wait = step-boundary agreement (where a rank waits for a slower one) + gradient wait.
+  j["median_grad_wait_s"] = Median(tail(grad_wait_seconds_));
   j["median_comm_span_s"] = Median(spans);
   j["elapsed_s"] = Seconds(run_start_, Clock::now());
   j["git_revision"] = COSMOFLOW_GIT_REV;
@@ -719,6 +722,7 @@ int Trainer::Run() {
     step_seconds_.push_back(step_time);
     data_wait_seconds_.push_back(wait);
     comm_wait_seconds_.push_back(comm);
+    grad_wait_seconds_.push_back(reducer_->last_wait_seconds());
     comm_span_seconds_.push_back(reducer_->last_comm_span_seconds());
     window_time_ += step_time;
     window_wait_ += wait;
