@@ -1,16 +1,19 @@
 // synth: synthetic dark-matter universes -> HDF5 dataset shards. See docs/data.md.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/io/dataset.h"
 #include "synth/cli.h"
+#include "synth/generator_pool.h"
 #include "synth/universe.h"
 
 #ifndef COSMOFLOW_GIT_REV
@@ -53,7 +56,7 @@ int main(int argc, char** argv) {
                    n_s_text, transfer_text = "eh98", displacement_text = "pm",
                    assignment_text = "ngp", smoothing_text = "auto", prefix = "synth";
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
-          threads = 0, compress = 0, pm_steps = 10;
+          threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1;
   double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0, pm_z_init = 9;
   bool quiet = false, help = false;
   FlagParser flags("synth");
@@ -90,7 +93,9 @@ int main(int argc, char** argv) {
   flags.AddInt("samples-per-shard", &samples_per_shard, "cubes per shard file (default 64)");
   flags.AddString("prefix", &prefix, "shard name prefix (default synth)");
   flags.AddInt("compress", &compress, "HDF5 gzip level 0..9 (default 0)");
-  flags.AddInt("threads", &threads, "threads (default: OMP_NUM_THREADS or all cores)");
+  flags.AddInt("threads", &threads, "threads in all (default: all cores)");
+  flags.AddInt("threads-per-cube", &threads_per_cube,
+               "threads inside one cube (default 1: the others generate other cubes)");
   flags.AddBool("quiet", &quiet, "no progress lines");
   flags.AddBool("help", &help, "this text");
   Status s = flags.Parse(argc, argv, nullptr);
@@ -112,6 +117,11 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgumentError("--particles-per-side must be in 0..2048"), 2);
   }
   if (threads < 0 || threads > 1024) return Fail(InvalidArgumentError("--threads must be >= 0"), 2);
+  if (threads_per_cube < 1 || threads_per_cube > 1024) {
+    return Fail(InvalidArgumentError("--threads-per-cube must be >= 1"), 2);
+  }
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  const int workers = static_cast<int>(std::max<int64_t>(1, threads / threads_per_cube));
   if (prefix.empty() || prefix.find('/') != std::string::npos) {
     return Fail(InvalidArgumentError("--prefix must be a plain file name"), 2);
   }
@@ -120,7 +130,7 @@ int main(int argc, char** argv) {
   uo.side = static_cast<int>(side);
   uo.voxel_size = voxel_size;
   uo.particles_per_side = static_cast<int>(particles);
-  uo.threads = static_cast<int>(threads);
+  uo.threads = static_cast<int>(threads_per_cube);
   uo.smoothing_nl_factor = smoothing_factor;
   if (pm_steps < 1 || pm_steps > 1000)
     return Fail(InvalidArgumentError("--pm-steps must be in 1..1000"), 2);
@@ -203,9 +213,6 @@ int main(int argc, char** argv) {
   }
   if (single_file) samples_per_shard = samples;
 
-  auto generator = UniverseGenerator::Create(uo);
-  if (!generator.ok()) return Fail(generator.status(), 1);
-
   DatasetInfo info;
   info.shape = CubeShape{static_cast<int>(uo.redshifts.size()), uo.side, uo.side, uo.side};
   info.param_names = {"Omega_M", "sigma_8", "n_s"};
@@ -233,6 +240,9 @@ int main(int argc, char** argv) {
   DatasetWriteOptions write_options;
   write_options.compression_level = static_cast<int>(compress);
 
+  auto pool = GeneratorPool::Create(uo, workers, ranges, base, static_cast<uint64_t>(seed),
+                                    first_index, samples);
+  if (!pool.ok()) return Fail(pool.status(), 1);
   const auto start = std::chrono::steady_clock::now();
   auto last_progress = start;
   std::unique_ptr<DatasetWriter> writer;
@@ -258,15 +268,12 @@ int main(int argc, char** argv) {
       if (!w.ok()) return Fail(w.status(), 1);
       writer = std::move(w).value();
     }
-    const CosmologyParams params = DrawParams(ranges, static_cast<uint64_t>(seed), index, base);
-    auto cosmology = Cosmology::Create(params, uo.transfer);
-    if (!cosmology.ok())
-      return Fail(cosmology.status().WithContext("sample " + std::to_string(index)), 1);
-    auto cube = (*generator)->Generate(*cosmology, static_cast<uint64_t>(seed), index);
-    if (!cube.ok()) return Fail(cube.status(), 1);
-    Status a =
-        writer->Append(*cube, {static_cast<float>(params.omega_m),
-                               static_cast<float>(params.sigma_8), static_cast<float>(params.n_s)});
+    auto sample = (*pool)->Next();
+    if (!sample.ok()) return Fail(sample.status(), 1);
+    const CosmologyParams& params = sample->params;
+    Status a = writer->Append(
+        sample->cube, {static_cast<float>(params.omega_m), static_cast<float>(params.sigma_8),
+                       static_cast<float>(params.n_s)});
     if (!a.ok()) return Fail(a.WithContext(shard_path), 1);
     const auto now = std::chrono::steady_clock::now();
     if (!quiet &&
