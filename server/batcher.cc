@@ -45,6 +45,7 @@ Status Batcher::Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests)
       return ResourceExhaustedError("the request queue is full (" + std::to_string(queue_.size()) +
                                     " of " + std::to_string(options_.max_queue) +
                                     " cubes waiting); retry later");
+    NoteLoadLocked(int(requests.size()));
     for (auto& r : requests) {
       r->enqueued = now;
       queue_.push_back(std::move(r));
@@ -54,6 +55,29 @@ Status Batcher::Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests)
   requests.clear();
   cv_.notify_one();
   return Status::Ok();
+}
+
+std::chrono::steady_clock::duration PeakWindow(double last_compute_seconds) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::max(2.0, 3 * last_compute_seconds)));
+}
+
+void Batcher::NoteLoadLocked(int submitting) {
+  // The submitter itself is among those preparing (server handlers hold a BeginPrepare).
+  const int outstanding =
+      int(queue_.size()) + computing_ + std::max(0, preparing_ - 1) + submitting;
+  const auto now = std::chrono::steady_clock::now();
+  if (outstanding >= recent_peak_ || now - recent_peak_at_ > PeakWindow(last_compute_seconds_)) {
+    recent_peak_ = outstanding;
+    recent_peak_at_ = now;
+  }
+}
+
+int Batcher::TargetBatchLocked(int max_batch) const {
+  if (!options_.adaptive) return max_batch;
+  const bool recent =
+      std::chrono::steady_clock::now() - recent_peak_at_ <= PeakWindow(last_compute_seconds_);
+  return std::max(1, std::min(max_batch, recent ? recent_peak_ : 1));
 }
 
 void Batcher::BeginPrepare() {
@@ -81,6 +105,7 @@ void Batcher::Stop() {
 
 void Batcher::WorkerLoop() {
   std::vector<std::unique_ptr<InferenceRequest>> batch;
+  std::chrono::steady_clock::time_point last_batch_end;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -94,9 +119,16 @@ void Batcher::WorkerLoop() {
       const double auto_seconds = model_ ? std::min(0.1, 0.1 * model_->forward1_seconds()) : 0.0;
       delay = std::chrono::microseconds(int64_t(auto_seconds * 1e6));
     }
-    const auto flush_at = queue_.front()->enqueued + delay;
+    // Counted from the oldest arrival or the end of the last batch, whichever is later: requests
+    // that queued during a long forward pass must not make the next batch leave at once, half
+    // full, while the clients just answered are sending their next cubes (with four closed-loop
+    // clients that would settle into batches of 2 + 2 instead of 4).
+    const auto flush_at = std::max(queue_.front()->enqueued, last_batch_end) + delay;
     const auto hard_flush_at = flush_at + options_.max_prepare_wait;
-    auto full = [&] { return stopping_ || int(queue_.size()) >= max_batch; };
+    auto full = [&] {
+      return stopping_ || int(queue_.size()) >= TargetBatchLocked(max_batch) ||
+             (options_.adaptive && int(queue_.size()) >= options_.max_queue);  // none can join
+    };
     cv_.wait_until(lock, flush_at, full);
     while (!full() && preparing_ > 0 && std::chrono::steady_clock::now() < hard_flush_at)
       cv_.wait_until(lock, hard_flush_at);
@@ -107,8 +139,10 @@ void Batcher::WorkerLoop() {
       queue_.pop_front();
     }
     if (metrics_) metrics_->SetQueueDepth(double(queue_.size()));
+    computing_ = n;
     lock.unlock();
     RunBatch(batch);
+    last_batch_end = std::chrono::steady_clock::now();
     batch.clear();
     lock.lock();
   }
@@ -138,7 +172,11 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
       live.push_back(r.get());
     }
   }
-  if (live.empty()) return;
+  if (live.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    computing_ = 0;
+    return;
+  }
 
   // Inputs were transformed on the gRPC thread for the model current then; after a reload to a
   // different spec they are redone (or refused if the shape no longer fits).
@@ -165,12 +203,23 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
     }
     computed.push_back(r);
   }
-  if (computed.empty()) return;
+  if (computed.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    computing_ = 0;
+    return;
+  }
   const int m = int(computed.size());
   const auto compute_start = std::chrono::steady_clock::now();
   model->Forward(m, batch_input_.data(), batch_output_.data());
   const auto compute_end = std::chrono::steady_clock::now();
   const double compute_seconds = Seconds(compute_end - compute_start);
+  {
+    // Before the replies go out: a client that sends its next cube at once must not count the
+    // batch it was part of as still outstanding.
+    std::lock_guard<std::mutex> lock(mu_);
+    computing_ = 0;
+    last_compute_seconds_ = compute_seconds;
+  }
   if (metrics_) metrics_->RecordBatch(m, compute_seconds);
 
   for (int i = 0; i < m; ++i) {

@@ -1,11 +1,11 @@
 // The dynamic batcher: groups concurrent requests into one forward pass.
 //
 // Requests wait in a bounded FIFO queue. One worker thread takes the oldest request, waits until
-// either max_batch requests are queued or the oldest has waited max_queue_delay, and runs them as
-// one batch through the current model. Requests whose deadline has passed or whose RPC was
-// cancelled are answered without computing. The network runs only on this worker thread, never on
-// a gRPC thread, and the model is read once per batch, so a reload swaps models between batches
-// and no request fails because of it.
+// either max_batch requests are queued or max_queue_delay has passed (since the oldest arrived or
+// the last batch ended, whichever is later), and runs them as one batch through the current model.
+// Requests whose deadline has passed or whose RPC was cancelled are answered without computing. The
+// network runs only on this worker thread, never on a gRPC thread, and the model is read once per
+// batch, so a reload swaps models between batches and no request fails because of it.
 //
 // Thread-safety: every public method may be called from any thread. `done` callbacks run on the
 // worker thread (or on the caller of Submit/Stop when a request is refused) and must not block.
@@ -57,6 +57,11 @@ struct BatcherOptions {
   // threads (128^3 cubes take tens of ms), the batch waits for them up to this much longer: on two
   // cores a fuller batch is worth far more than a few ms. 0 = never wait for them.
   std::chrono::microseconds max_prepare_wait{50000};
+  // Adaptive early flush: a batch leaves as soon as it holds as many cubes as were recently
+  // outstanding at once (queued + being prepared + being computed, peak over the last few
+  // seconds), capped by max_batch. A lone client then never waits for company that is not coming,
+  // and a burst still fills batches. false: always wait up to max_queue_delay for max_batch.
+  bool adaptive = true;
 };
 
 class Batcher {
@@ -93,7 +98,14 @@ class Batcher {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<InferenceRequest>> queue_;
   std::shared_ptr<Model> model_;
+  void NoteLoadLocked(int submitting);
+  int TargetBatchLocked(int max_batch) const;
+
   int preparing_ = 0;
+  int computing_ = 0;    // cubes in the running batch
+  int recent_peak_ = 0;  // most cubes outstanding at once, recently
+  std::chrono::steady_clock::time_point recent_peak_at_;
+  double last_compute_seconds_ = 0;
   bool stopping_ = false;
   std::vector<float> batch_input_;   // worker only
   std::vector<float> batch_output_;  // worker only

@@ -23,6 +23,8 @@ constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
   --max-batch N              largest dynamic batch (default 4)
   --max-queue-delay-ms MS    longest wait for a batch to fill (default: auto, 10% of one forward pass)
   --max-queue N              queued cubes before RESOURCE_EXHAUSTED (default 64)
+  --fixed-batch-wait         always wait up to the queue delay for a full batch (default: a batch
+                             leaves once it holds as many cubes as were recently outstanding)
   --max-prepare-wait-ms MS   extra wait for cubes still being validated when a batch is due (default 50)
   --max-message-bytes N      gRPC message limit, both ways (default 67108864)
   --precision fp32|bf16      compute precision (default fp32)
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
                {"max-queue-delay-ms", true},
                {"max-queue", true},
                {"max-prepare-wait-ms", true},
+               {"fixed-batch-wait", false},
                {"max-message-bytes", true},
                {"precision", true},
                {"watch-interval-ms", true},
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
   options.max_batch = int(*max_batch);
   options.max_queue_delay = std::chrono::microseconds(int64_t(*delay_ms * 1000));
   options.max_queue = int(*max_queue);
+  options.adaptive_batching = !flags.Has("fixed-batch-wait");
   options.max_prepare_wait = std::chrono::microseconds(int64_t(*prepare_ms * 1000));
   options.max_message_bytes = *max_message;
   options.watch_interval = std::chrono::milliseconds(*watch_ms);

@@ -483,6 +483,7 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   batcher_options.max_queue_delay = options.max_queue_delay;
   batcher_options.max_queue = options.max_queue;
   batcher_options.max_prepare_wait = options.max_prepare_wait;
+  batcher_options.adaptive = options.adaptive_batching;
   server->batcher_ = std::make_unique<Batcher>(batcher_options, &server->metrics_);
   server->service_ = std::make_unique<Service>(server.get());
 

@@ -41,6 +41,7 @@ struct ServerOptions {
   int max_queue = 64;
   // Extra wait for requests still being validated/transformed when a batch is due (BatcherOptions).
   std::chrono::microseconds max_prepare_wait{50000};
+  bool adaptive_batching = true;  // see BatcherOptions::adaptive
   // Largest message accepted and sent, both ways (gRPC's default of 4 MiB is below one 128^3
   // float32 cube). Larger requests get RESOURCE_EXHAUSTED from gRPC itself.
   int64_t max_message_bytes = 64 << 20;

@@ -200,6 +200,7 @@ TEST_F(ClientTest, DeadlineExitCode) {
   o.watch_interval = std::chrono::milliseconds(0);
   o.max_batch = 8;
   o.max_queue_delay = std::chrono::seconds(2);
+  o.adaptive_batching = false;  // the lone request waits out the delay
   auto slow = InferenceServer::Start(o);
   ASSERT_TRUE(slow.ok());
   ASSERT_TRUE((*slow)->LoadInitialModel().ok());

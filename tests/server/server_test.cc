@@ -370,6 +370,7 @@ TEST_F(ServerTest, FullQueueAnswersResourceExhausted) {
   ServerOptions o = Options();
   o.max_queue = 4;
   o.max_batch = 8;  // never reached with 4 queued, so the batch waits out the full delay
+  o.adaptive_batching = false;
   o.max_queue_delay = std::chrono::milliseconds(500);
   StartServer(o);
   auto request = MakeInt16Request(RandomCounts(9, kVoxels));
@@ -403,6 +404,7 @@ TEST_F(ServerTest, ExpiredRequestsAreNotComputed) {
   ServerOptions o = Options();
   o.max_batch = 8;
   o.max_queue_delay = std::chrono::milliseconds(400);
+  o.adaptive_batching = false;  // the lone request must wait out the delay
   StartServer(o);
   auto before = MetricValue(server_->metrics().Serialize(), "cosmoflow_predicted_cubes_total");
   v1::PredictResponse resp;

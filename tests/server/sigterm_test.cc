@@ -45,7 +45,7 @@ class ServerProcessTest : public ::testing::Test {
 
 TEST_F(ServerProcessTest, SigtermDrainsInFlightRequests) {
   // Batches wait up to 400 ms to fill, so requests are surely in flight when SIGTERM arrives.
-  int port = Launch({"--max-batch", "16", "--max-queue-delay-ms", "400"});
+  int port = Launch({"--max-batch", "16", "--max-queue-delay-ms", "400", "--fixed-batch-wait"});
   ASSERT_GT(port, 0);
   auto stub = v1::CosmoFlow::NewStub(LoopbackChannel(port));
   const int n = 8;

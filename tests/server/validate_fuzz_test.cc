@@ -56,6 +56,27 @@ TEST(ValidateFuzz, ValidCubesPass) {
   }
 }
 
+// The server's fast int16/log1p path gives exactly the engine's ApplyInputTransform, for every
+// count value and both layouts (channel-last with one channel is the same memory).
+TEST(CubeToNetworkInput, MatchesApplyInputTransformBitForBit) {
+  std::vector<int16_t> counts(32768);
+  for (int k = 0; k < 32768; ++k) counts[k] = int16_t(k);
+  v1::Cube c;
+  for (int e : {1, 32, 32, 32}) c.add_shape(e);
+  c.set_dtype(v1::DTYPE_INT16);
+  c.set_data(std::string(reinterpret_cast<const char*>(counts.data()), counts.size() * 2));
+  auto view = ValidateCube(c, {1, 32});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  for (InputTransform t :
+       {InputTransform::kLog1p, InputTransform::kNone, InputTransform::kDivideByMean}) {
+    std::vector<float> fast(counts.size()), reference(counts.size());
+    CubeToNetworkInput(*view, t, fast.data());
+    ApplyInputTransform(t, counts.data(), int64_t(counts.size()), int64_t(counts.size()),
+                        reference.data());
+    ASSERT_EQ(0, std::memcmp(fast.data(), reference.data(), fast.size() * 4)) << int(t);
+  }
+}
+
 TEST(ValidateFuzz, RandomFieldValues) {
   std::mt19937_64 rng(42);
   int accepted = 0;
