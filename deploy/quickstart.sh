@@ -56,7 +56,7 @@ rm -f "$work.cmake.log" "$work.build.log"
 synth="$build_dir/synth/synth"; train="$build_dir/trainer/cosmoflow-train"
 server="$build_dir/server/cosmoflow-server"; client="$build_dir/client/cosmoflow-client"
 
-rm -rf "$work"; mkdir -p "$work"
+rm -rf "$work"; mkdir -p "$work/data"
 step "generating synthetic universes: $n_train train, $n_val validation, $n_test test cubes of ${side}^3 (z = 0)"
 "$synth" --out "$work/data/train" --samples "$n_train" --side "$side" --redshifts 0 --seed 1 \
   --samples-per-shard 256 || die "synth (train) failed"
