@@ -8,18 +8,20 @@
 #   --small        CI-sized run (fewer cubes, fewer steps; about a minute after the build)
 #   --no-install   do not run deploy/install-deps.sh (packages already there)
 #   --build-dir    where to build (default: ./build); an existing build is reused
+#   --no-build     use the binaries already in --build-dir (the ctest end-to-end test does this)
 #   --workdir      where data, run, plots and logs go (default: ./quickstart-out)
 # Exits non-zero, with one line saying which step failed, if anything goes wrong.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-small=0; install=1; build_dir="$here/build"; work="$here/quickstart-out"
+small=0; install=1; build=1; build_dir="$here/build"; work="$here/quickstart-out"
 while [ $# -gt 0 ]; do
   case "$1" in
     --small) small=1 ;;
     --no-install) install=0 ;;
+    --no-build) build=0 ;;
     --build-dir) build_dir=$(realpath -m "$2"); shift ;;
     --workdir) work=$(realpath -m "$2"); shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "quickstart.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -47,12 +49,14 @@ if [ "$install" = 1 ]; then
   bash "$here/deploy/install-deps.sh" --no-peer || die "package installation failed"
 fi
 
+if [ "$build" = 1 ]; then
 step "building (CMake, Release) in $build_dir"
 cmake -S "$here" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release > "$work.cmake.log" 2>&1 \
   || { tail -20 "$work.cmake.log" >&2; die "cmake configure failed (log: $work.cmake.log)"; }
 cmake --build "$build_dir" -j2 --target synth cosmoflow-train cosmoflow-server cosmoflow-client \
   > "$work.build.log" 2>&1 || { tail -20 "$work.build.log" >&2; die "build failed (log: $work.build.log)"; }
 rm -f "$work.cmake.log" "$work.build.log"
+fi
 synth="$build_dir/synth/synth"; train="$build_dir/trainer/cosmoflow-train"
 server="$build_dir/server/cosmoflow-server"; client="$build_dir/client/cosmoflow-client"
 

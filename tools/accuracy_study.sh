@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The accuracy study, reproducible by one command: generate synthetic universes, train the network
+# with 2 MPI ranks, predict a held-out test set through the real gRPC server (Python client, one
+# stream), fit the P(k) baseline, and write the table and predicted-vs-true plots.
+#
+# Usage: tools/accuracy_study.sh [OUT_DIR]   (default ./accuracy-out; needs a build in ./build)
+# Scale is set by environment variables (defaults = the run reported in docs/accuracy.md):
+#   SIDE=32 SPEC=tiny32 N_TRAIN=2048 N_VAL=256 N_TEST=512 EPOCHS=12 BATCH=8 LR=0.002 PRECISION=fp32
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=$(realpath -m "${1:-$here/accuracy-out}")
+build=${BUILD_DIR:-$here/build}
+SIDE=${SIDE:-32}; SPEC=${SPEC:-tiny32}; N_TRAIN=${N_TRAIN:-2048}; N_VAL=${N_VAL:-256}; N_TEST=${N_TEST:-512}
+EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.002}; PRECISION=${PRECISION:-fp32}
+for b in synth/synth trainer/cosmoflow-train server/cosmoflow-server; do
+  [ -x "$build/$b" ] || { echo "accuracy_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
+done
+mkdir -p "$out/data"
+t0=$(date +%s)
+echo "== synthetic universes (${SIDE}^3, z = 0): $N_TRAIN train, $N_VAL val, $N_TEST test"
+[ -d "$out/data/train" ] || "$build/synth/synth" --out "$out/data/train" --samples "$N_TRAIN" --side "$SIDE" \
+  --redshifts 0 --seed 11 --samples-per-shard 512 --quiet
+[ -d "$out/data/val" ] || "$build/synth/synth" --out "$out/data/val" --samples "$N_VAL" --side "$SIDE" \
+  --redshifts 0 --seed 12 --samples-per-shard 512 --quiet
+[ -d "$out/data/test" ] || "$build/synth/synth" --out "$out/data/test" --samples "$N_TEST" --side "$SIDE" \
+  --redshifts 0 --seed 13 --samples-per-shard 1024 --quiet
+echo "   data ready after $(( $(date +%s) - t0 )) s"
+
+echo "== training $SPEC ($PRECISION), 2 ranks x batch $BATCH, $EPOCHS epochs"
+root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+rm -rf "$out/run"
+OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
+  --spec "$SPEC" --train "$out/data/train" --val "$out/data/val" --out "$out/run" --epochs "$EPOCHS" \
+  --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 64
+echo "   trained after $(( $(date +%s) - t0 )) s"
+[ -f "$here/tools/plot_training.py" ] && /usr/bin/python3 "$here/tools/plot_training.py" "$out/run" --out "$out/plots" || true
+
+echo "== predicting the test set through the gRPC server"
+"$build/server/cosmoflow-server" --checkpoint "$out/run/checkpoints" --address 127.0.0.1:0 --metrics-address "" \
+  --port-file "$out/grpc.port" --max-batch 8 > "$out/server.log" 2>&1 &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
+for _ in $(seq 1 150); do [ -s "$out/grpc.port" ] && break; sleep 0.2; done
+/usr/bin/python3 - "$here" "127.0.0.1:$(cat "$out/grpc.port")" "$out/data/test" "$out/network.csv" <<'PY'
+import glob, sys, time, h5py, numpy as np
+here, addr, test, csv = sys.argv[1:5]
+sys.path.insert(0, f"{here}/client/python")
+from cosmoflow_client import CosmoFlowClient
+client = CosmoFlowClient(addr, timeout=1800)
+for _ in range(100):
+    try:
+        client.info(); break
+    except Exception:
+        time.sleep(0.2)
+cubes, params, names = [], [], None
+for f in sorted(glob.glob(f"{test}/*.h5")):
+    with h5py.File(f) as h:
+        names = [s.decode() if isinstance(s, bytes) else s for s in h.attrs["param_names"]]
+        cubes += list(h["cubes"][:]); params.append(h["params"][:])
+params = np.concatenate(params)
+with open(csv, "w") as out:
+    out.write("index," + ",".join("true_" + n for n in names) + "," + ",".join("pred_" + n for n in names) + "\n")
+    results = dict(client.predict_stream(cubes))
+    for i in range(len(cubes)):
+        r = results[i]
+        if isinstance(r, str):
+            sys.exit(f"accuracy_study.sh: test cube {i}: {r}")
+        p = [r["parameters"][n] for n in names]
+        out.write(f"{i}," + ",".join(f"{v:.6g}" for v in params[i]) + "," + ",".join(f"{v:.6g}" for v in p) + "\n")
+print(f"   {len(cubes)} test cubes predicted by {client.info()['version']}")
+PY
+kill -TERM $pid; wait $pid || true; trap - EXIT
+
+echo "== P(k) baseline"
+/usr/bin/python3 "$here/tools/pk_baseline.py" --train "$out/data/train" --test "$out/data/test" --out "$out/pk_baseline.csv"
+mean=$(/usr/bin/python3 -c "
+import glob,h5py,numpy as np
+p=np.concatenate([h5py.File(f)['params'][:] for f in sorted(glob.glob('$out/data/train/*.h5'))])
+print(','.join(f'{v:.6f}' for v in p.mean(0)))")
+echo "== report (trivial predictor = training mean $mean)"
+/usr/bin/python3 "$here/tools/accuracy_report.py" --network "$out/network.csv" --baseline "$out/pk_baseline.csv" \
+  --train-mean "$mean" --out "$out"
+echo "accuracy study done in $(( $(date +%s) - t0 )) s: $out/accuracy.md, $out/pred_vs_true.png"
