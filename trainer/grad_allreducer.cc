@@ -1,13 +1,20 @@
 #include "trainer/grad_allreducer.h"
 
 #include <cassert>
+#include <chrono>
 #include <cstring>
 
 namespace cosmoflow {
+namespace {
+// Not MPI_Wtime: in kThread mode the communication thread may be inside MPI at that moment.
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
 GradientAllreducer::GradientAllreducer(std::vector<Parameter>* params, MPI_Comm comm,
-                                       int64_t bucket_bytes)
-    : params_(params), comm_(comm) {
+                                       int64_t bucket_bytes, Mode mode)
+    : params_(params), comm_(comm), mode_(mode) {
   MPI_Comm_size(comm_, &world_size_);
   const int n = static_cast<int>(params_->size());
   bucket_of_.assign(n, -1);
@@ -28,11 +35,54 @@ GradientAllreducer::GradientAllreducer(std::vector<Parameter>* params, MPI_Comm 
     total_floats_ += numel;
   }
   in_flight_.reserve(buckets_.size());
+  if (mode_ == Mode::kThread && world_size_ > 1) comm_thread_ = std::thread([this] { CommThread(); });
 }
 
 GradientAllreducer::~GradientAllreducer() {
+  if (comm_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    comm_thread_.join();
+  }
   for (Bucket& b : buckets_) {
     if (b.request != MPI_REQUEST_NULL) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
+  }
+}
+
+void GradientAllreducer::CommThread() {
+  for (;;) {
+    int k = -1;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      k = queue_.front();
+      queue_.pop_front();
+    }
+    Bucket& b = buckets_[k];
+    MPI_Allreduce(MPI_IN_PLACE, b.buffer.data(), static_cast<int>(b.buffer.size()), MPI_FLOAT, MPI_SUM, comm_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++done_;
+    }
+    cv_.notify_all();
+  }
+}
+
+void GradientAllreducer::StartBucket(int k) {
+  Bucket& s = buckets_[k];
+  if (mode_ == Mode::kThread) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(k);
+    }
+    cv_.notify_all();
+  } else {
+    MPI_Iallreduce(MPI_IN_PLACE, s.buffer.data(), static_cast<int>(s.buffer.size()), MPI_FLOAT, MPI_SUM, comm_,
+                   &s.request);
   }
 }
 
@@ -43,6 +93,8 @@ void GradientAllreducer::BeginStep() {
   }
   next_bucket_to_start_ = 0;
   first_start_time_ = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = 0;
 }
 
 void GradientAllreducer::OnGradReady(int param_index) {
@@ -54,13 +106,11 @@ void GradientAllreducer::OnGradReady(int param_index) {
     // Collectives must start in the same order on every rank; buckets are filled in a fixed order,
     // so start every bucket that is complete, in order (a later one never starts before an earlier).
     while (next_bucket_to_start_ < num_buckets() && buckets_[next_bucket_to_start_].pending == 0) {
-      Bucket& s = buckets_[next_bucket_to_start_++];
-      if (first_start_time_ == 0) first_start_time_ = MPI_Wtime();
-      MPI_Iallreduce(MPI_IN_PLACE, s.buffer.data(), static_cast<int>(s.buffer.size()), MPI_FLOAT,
-                     MPI_SUM, comm_, &s.request);
+      if (first_start_time_ == 0) first_start_time_ = Now();
+      StartBucket(next_bucket_to_start_++);
     }
   }
-  Progress();
+  if (mode_ == Mode::kNonblocking) Progress();
 }
 
 void GradientAllreducer::Progress() {
@@ -79,10 +129,14 @@ void GradientAllreducer::FinishStep() {
   last_span_seconds_ = 0;
   if (world_size_ == 1) return;
   assert(next_bucket_to_start_ == num_buckets() && "OnGradReady was not called for every parameter");
-  const double t0 = MPI_Wtime();
+  const double t0 = Now();
+  if (mode_ == Mode::kThread) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ == num_buckets(); });
+  }
   const float inv = 1.0f / static_cast<float>(world_size_);
   for (Bucket& b : buckets_) {
-    MPI_Wait(&b.request, MPI_STATUS_IGNORE);
+    if (b.request != MPI_REQUEST_NULL) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
     for (size_t k = 0; k < b.params.size(); ++k) {
       Parameter& p = (*params_)[b.params[k]];
       const float* src = b.buffer.data() + b.offset[k];
@@ -90,7 +144,7 @@ void GradientAllreducer::FinishStep() {
       for (int64_t j = 0; j < n; ++j) p.grad[j] = src[j] * inv;
     }
   }
-  const double t1 = MPI_Wtime();
+  const double t1 = Now();
   last_wait_seconds_ = t1 - t0;
   last_span_seconds_ = first_start_time_ > 0 ? t1 - first_start_time_ : 0;
 }

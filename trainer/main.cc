@@ -11,9 +11,10 @@
 #include "trainer/trainer.h"
 
 int main(int argc, char** argv) {
-  // The training loop calls MPI from one thread; the prefetch thread never does.
+  // MPI is called by the training thread and, during backward only, by the gradient
+  // communication thread, never at the same time (SERIALIZED); the prefetch thread never calls it.
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   // A rank that dies must take the job down rather than leave the others waiting in a collective.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
   const cosmoflow::MpiWorld world = cosmoflow::DescribeWorld(MPI_COMM_WORLD);

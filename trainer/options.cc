@@ -50,6 +50,7 @@ const FlagInfo kFlags[] = {
     {"deterministic", "check that all ranks hold identical weights (every 100 steps by default) [false]", true},
     {"check-weights-every", "steps between weight checksums across ranks, 0 = default [0]", false},
     {"bucket-mb", "gradient fusion bucket size in MB [25]", false},
+    {"allreduce", "thread (a communication thread allreduces buckets during backward) | nonblocking (MPI_Iallreduce) [thread]", false},
     {"debug-die-at-step", "test hook: rank --debug-die-rank exits abruptly at this step [-1]", false},
     {"debug-die-rank", "test hook: which rank dies [-1]", false},
     {"debug-step-sleep", "test hook: seconds to sleep each step [0]", false},
@@ -179,6 +180,9 @@ Status Apply(TrainerOptions& o, bool& recipe_set, const std::string& k, const st
     CF_ASSIGN_OR_RETURN(o.check_weights_every, ToInt(k, v, 0, int64_t{1} << 50));
   } else if (k == "bucket-mb") {
     CF_ASSIGN_OR_RETURN(o.bucket_mb, ToDouble(k, v, 0.001, 4096));
+  } else if (k == "allreduce") {
+    if (v != "thread" && v != "nonblocking") return Bad(k, v, "expected thread or nonblocking");
+    o.allreduce = v;
   } else if (k == "debug-die-at-step") {
     CF_ASSIGN_OR_RETURN(o.debug_die_at_step, ToInt(k, v, -1, int64_t{1} << 50));
   } else if (k == "debug-die-rank") {

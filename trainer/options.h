@@ -46,6 +46,7 @@ struct TrainerOptions {
   bool deterministic = false;       // also checks weights are identical on all ranks
   int64_t check_weights_every = 0;  // steps; 0 = every 100 steps in deterministic mode, else never
   double bucket_mb = 25;
+  std::string allreduce = "thread"; // thread (communication thread) | nonblocking (MPI_Iallreduce)
   // Test hooks (documented, harmless): make a rank die or stall, to test failure paths.
   int64_t debug_die_at_step = -1;
   int debug_die_rank = -1;

@@ -335,8 +335,17 @@ Status Trainer::Setup() {
   CF_RETURN_IF_ERROR(AgreeOnStatus(schedule.status(), world_.comm));
   schedule_ = std::make_unique<LrRecipeSchedule>(*schedule);
 
+  int thread_level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&thread_level);
+  auto mode = opt_.allreduce == "thread" ? GradientAllreducer::Mode::kThread : GradientAllreducer::Mode::kNonblocking;
+  if (mode == GradientAllreducer::Mode::kThread && thread_level < MPI_THREAD_SERIALIZED) {
+    if (root()) {
+      CF_LOG(WARNING) << "MPI lacks MPI_THREAD_SERIALIZED; using --allreduce=nonblocking";
+    }
+    mode = GradientAllreducer::Mode::kNonblocking;
+  }
   reducer_ = std::make_unique<GradientAllreducer>(&net_->parameters(), world_.comm,
-                                                  static_cast<int64_t>(opt_.bucket_mb * (1 << 20)));
+                                                  static_cast<int64_t>(opt_.bucket_mb * (1 << 20)), mode);
   return Resume();
 }
 
@@ -592,6 +601,7 @@ void Trainer::WriteSummary(const std::string& outcome) {
   j["parameters"] = spec_.NumParameters();
   j["gradient_bytes"] = reducer_ ? reducer_->total_bytes() : 0;
   j["gradient_buckets"] = reducer_ ? reducer_->num_buckets() : 0;
+  j["allreduce"] = opt_.allreduce;
   j["timed_steps"] = steps.size();
   j["median_step_s"] = Median(steps);
   {
@@ -636,8 +646,8 @@ int Trainer::Run() {
                  << " = global batch " << sampler_->global_batch() << ", " << steps_per_epoch_
                  << " steps/epoch, " << total_steps_ << " steps, recipe " << LrRecipeName(opt_.lr.recipe)
                  << " (" << optimizer_->name() << ", peak lr " << schedule_->peak_lr() << "), "
-                 << reducer_->num_buckets() << " gradient buckets of " << reducer_->total_bytes() / 1e6
-                 << " MB total";
+                 << reducer_->num_buckets() << " gradient buckets, " << reducer_->total_bytes() / 1e6
+                 << " MB in all, allreduce " << opt_.allreduce;
   }
 
   const int64_t spe = steps_per_epoch_, first = step_;

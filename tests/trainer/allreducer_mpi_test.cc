@@ -39,10 +39,12 @@ struct FakeParams {
   }
 };
 
-TEST(GradientAllreducerTest, AveragesEveryGradientAcrossRanksInSeveralBuckets) {
+class GradientAllreducerTest : public ::testing::TestWithParam<GradientAllreducer::Mode> {};
+
+TEST_P(GradientAllreducerTest, AveragesEveryGradientAcrossRanksInSeveralBuckets) {
   // 40 KB buckets: the 12000-float tensor gets a bucket of its own, the small ones share.
   FakeParams f({100, 12000, 7, 3000, 1, 5000});
-  GradientAllreducer reducer(&f.params, MPI_COMM_WORLD, 40000);
+  GradientAllreducer reducer(&f.params, MPI_COMM_WORLD, 40000, GetParam());
   EXPECT_GE(reducer.num_buckets(), 3);
   EXPECT_EQ(reducer.total_bytes(), 4 * (100 + 12000 + 7 + 3000 + 1 + 5000));
   for (int step = 0; step < 3; ++step) {
@@ -66,6 +68,9 @@ TEST(GradientAllreducerTest, AveragesEveryGradientAcrossRanksInSeveralBuckets) {
     EXPECT_GE(reducer.last_wait_seconds(), 0.0);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, GradientAllreducerTest,
+                         ::testing::Values(GradientAllreducer::Mode::kThread, GradientAllreducer::Mode::kNonblocking));
 
 TEST(MpiUtilTest, AnErrorOnOneRankReachesEveryRank) {
   Status mine = Rank() == 1 ? NotFoundError("/data/x.h5: no such file") : Status::Ok();
@@ -104,7 +109,8 @@ TEST(MpiUtilTest, FlagsChecksumsAndGathers) {
 }  // namespace cosmoflow
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

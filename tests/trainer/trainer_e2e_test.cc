@@ -137,7 +137,7 @@ class TrainerE2ETest : public ::testing::Test {
 std::string TrainerE2ETest::data_;
 
 TEST_F(TrainerE2ETest, TwoRanksOfBatchBGiveTheWeightsOfOneRankOfBatch2B) {
-  const std::string common = " --spec=" + data_ + "/nodrop.json --epochs=2 --recipe=constant --lr=0.002 --seed=3";
+  const std::string common = " --spec=" + data_ + "/nodrop.json --epochs=2 --recipe=constant --lr=0.0003 --seed=3";
   RunResult two = Train(2, dir_ + "/two", "--batch=4" + common);
   ASSERT_EQ(two.exit_code, 0) << two.err;
   RunResult one = Train(1, dir_ + "/one", "--batch=8" + common);
