@@ -272,9 +272,22 @@ class ConvOp : public Op {
     fwd_pd_ = make_fwd(src_md);
     conv_src_md_ = src_md;
     conv_src_ = src;
-    if (IsRef(fwd_pd_.impl_info_str()) ||
-        (c.training && !BackwardIsJit(c, src_md, fwd_pd_, oc, ic, k, b_md, strides, padl, padr))) {
+    auto all_real = [&](const dnnl::convolution_forward::primitive_desc& pd, const memory::desc& s_md) {
+      return !IsRef(pd.impl_info_str()) &&
+             (!c.training || BackwardIsJit(c, s_md, pd, oc, ic, k, b_md, strides, padl, padr));
+    };
+    if (!all_real(fwd_pd_, src_md)) {
+      // oneDNN's own choice first, then the usual blocked / channels-last / planar layouts.
       fwd_pd_ = make_fwd(memory::desc(in_dims, c.dt, Tag::any));
+      if (!all_real(fwd_pd_, fwd_pd_.src_desc())) {
+        for (Tag t : {Tag::nCdhw16c, Tag::nCdhw8c, Tag::ndhwc, Tag::ncdhw}) {
+          auto pd = make_fwd(memory::desc(in_dims, c.dt, t));
+          if (all_real(pd, pd.src_desc())) {
+            fwd_pd_ = pd;
+            break;
+          }
+        }
+      }
       if (fwd_pd_.src_desc() != src_md) {
         conv_src_md_ = fwd_pd_.src_desc();
         conv_src_ = memory(conv_src_md_, c.eng);
@@ -559,7 +572,7 @@ class DropoutOp : public Op {
         std::memcpy(y, x, n * sizeof(float));
         return;
       }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 65536)
       for (int64_t i = 0; i < n; ++i) {
         y[i] = nn_internal::DropoutUniform(seed, step, layer, i) < rate ? 0.f : x[i] * keep_scale;
       }
@@ -570,7 +583,7 @@ class DropoutOp : public Op {
         std::memcpy(y, x, n * sizeof(uint16_t));
         return;
       }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 65536)
       for (int64_t i = 0; i < n; ++i) {
         y[i] = nn_internal::DropoutUniform(seed, step, layer, i) < rate ? uint16_t{0}
                                                                         : F32ToBf16(Bf16ToF32(x[i]) * keep_scale);

@@ -490,7 +490,7 @@ StatusOr<ModelSpec> BuiltinSpec(const std::string& name) {
     s.outputs = CosmoFlowOutputs(3);
     const float a = 0.01f;
     // 64 -> conv3 62 -> pool 31 -> conv4 28 -> pool 14 -> conv4 11 -> pool 5 -> conv3 3 -> conv2 2
-    s.layers = {Conv(8, 3, 1, false),  Leaky(a), Pool(LayerType::kAvgPool, 2),
+    s.layers = {Conv(16, 3, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
                 Conv(16, 4, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
                 Conv(32, 4, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
                 Conv(64, 3, 1, false), Leaky(a),
@@ -509,10 +509,12 @@ StatusOr<ModelSpec> BuiltinSpec(const std::string& name) {
     s.input_transform = InputTransform::kLog1p;
     s.outputs = CosmoFlowOutputs(3);
     const float a = 0.01f;
-    // 32 -> conv3 30 -> avg 15 -> conv4 12 -> max 6 -> conv3 s2 same 3 -> flatten 8*27=216
-    s.layers = {Conv(4, 3, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
-                Conv(8, 4, 1, false), Leaky(a), Pool(LayerType::kMaxPool, 2),
-                Conv(8, 3, 2, true),  Leaky(a),
+    // 32 -> conv3 30 -> avg 15 -> conv4 12 -> max 6 -> conv3 s2 same 3 -> flatten 16*27=432.
+    // Channel counts are multiples of 16 so every oneDNN pass has a real (jit) kernel in fp32 and
+    // bf16 (oneDNN 2.6 has no jit bf16 backward-data for fewer than 16 input channels).
+    s.layers = {Conv(16, 3, 1, false), Leaky(a), Pool(LayerType::kAvgPool, 2),
+                Conv(16, 4, 1, false), Leaky(a), Pool(LayerType::kMaxPool, 2),
+                Conv(16, 3, 2, true),  Leaky(a),
                 Flatten(), Dense(32), Leaky(a), Dropout(0.1f),
                 Dense(3)};
     return s;
