@@ -349,9 +349,11 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       reply->set_code(int(item.status().code()));
       reply->set_message(item.status().message());
       service_->Record("PredictStream", ToGrpcStatus(item.status()), start);
-      // Read on before replying: Reply may finish the call only once reads are done.
-      StartRead(incoming_.get());
+      // Reply before reading on: reads are not done, so Reply cannot finish the call; once
+      // StartRead is issued, OnReadDone(false) may finish and delete this on another thread, so
+      // StartRead is the last use of this.
       Reply(std::move(reply), /*was_pending=*/false);
+      StartRead(incoming_.get());
     }
 
     void OnWriteDone(bool ok) override {
