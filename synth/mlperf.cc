@@ -1,6 +1,7 @@
 #include "synth/mlperf.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "synth/tfrecord.h"
 
@@ -37,7 +38,19 @@ StatusOr<MlperfSample> DecodeMlperfExample(std::string_view record, int side) {
                          std::to_string(kMlperfChannels) + " int16)");
   }
   MlperfSample sample;
-  sample.cube = ChannelLastToFirst(bytes.data(), shape, DType::kInt16);
+  // Transposed here rather than with core/io's ChannelLastToFirst: the bytes sit at an odd
+  // offset inside the protobuf record, and that function loads int16 through a cast pointer
+  // (misaligned: undefined behaviour, flagged by UBSan). memcpy loads are alignment-safe and
+  // compile to plain loads.
+  sample.cube = Cube(shape, DType::kInt16);
+  int16_t* dst = sample.cube.int16_data();
+  const char* src = bytes.data();
+  const int64_t voxels = shape.voxels();
+  for (int64_t v = 0; v < voxels; ++v) {
+    int16_t values[kMlperfChannels];
+    std::memcpy(values, src + v * kMlperfChannels * sizeof(int16_t), sizeof(values));
+    for (int c = 0; c < kMlperfChannels; ++c) dst[c * voxels + v] = values[c];
+  }
   for (int p = 0; p < kMlperfParams; ++p) {
     const float u = y->second.floats[p];
     if (!std::isfinite(u)) {
