@@ -55,11 +55,15 @@ const char* MassAssignmentName(MassAssignment m);  // "ngp", "cic"
 StatusOr<Displacement> ParseDisplacement(const std::string& name);
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name);
 
+inline std::vector<double> DefaultRedshifts() { return {0.0, 0.5, 1.5, 3.0}; }
+
 struct UniverseOptions {
   int side = 128;              // voxels per side of the output cube
   double voxel_size = 1.0;     // Mpc/h per voxel; the periodic box is side * voxel_size
   int particles_per_side = 0;  // N_p; 0 means side (one particle per voxel)
-  std::vector<double> redshifts = {0.0, 0.5, 1.5, 3.0};  // one output channel each
+  // One output channel each; the real data's z = 0, 0.5, 1.5, 3 by default. (Built by a function:
+  // GCC 12 warns falsely about a braced default here.)
+  std::vector<double> redshifts = DefaultRedshifts();
   TransferFunction transfer = TransferFunction::kEisensteinHu;
   Displacement displacement = Displacement::kPm;  // see docs/data.md for the choice
   MassAssignment assignment = MassAssignment::kNgp;
