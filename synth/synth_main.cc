@@ -53,7 +53,7 @@ int Fail(const Status& s, int code) {
 
 int main(int argc, char** argv) {
   std::string out, redshifts_text = "0,0.5,1.5,3", ranges_text, omega_m_text, sigma_8_text,
-                   n_s_text, transfer_text = "eh98", displacement_text = "pm",
+                   n_s_text, h0_text, transfer_text = "eh98", displacement_text = "pm",
                    assignment_text = "ngp", smoothing_text = "auto", prefix = "synth";
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
           threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1;
@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
   flags.AddString("n-s", &n_s_text, "n_s range MIN:MAX (or a single value)");
   flags.AddDouble("omega-b", &omega_b, "baryon density (default 0.045)");
   flags.AddDouble("h", &h, "H0 / 100 km/s/Mpc (default 0.703)");
+  flags.AddString("h0", &h0_text,
+                  "draw H0 (km/s/Mpc) from MIN:MAX too (e.g. 63:77, the MLPerf range): adds a 4th "
+                  "label H0 and scales the box with H0/70 as the MLPerf data do");
   flags.AddString("transfer", &transfer_text, "eh98 (default) or bbks");
   flags.AddString(
       "displacement", &displacement_text,
@@ -195,6 +198,14 @@ int main(int argc, char** argv) {
     return Fail(r, 2);
   if (Status r = set_range(n_s_text, "n_s range", &ranges.n_s_min, &ranges.n_s_max); !r.ok())
     return Fail(r, 2);
+  if (!h0_text.empty()) {
+    double lo = 0, hi = 0;
+    if (Status r = set_range(h0_text, "H0 range", &lo, &hi); !r.ok()) return Fail(r, 2);
+    if (!(lo > 0)) return Fail(InvalidArgumentError("H0 range: values must be > 0 km/s/Mpc"), 2);
+    ranges.h_min = lo / 100;
+    ranges.h_max = hi / 100;
+    uo.scale_box_with_h = true;
+  }
   if (Status r = ranges.Validate(); !r.ok()) return Fail(r, 2);
   CosmologyParams base;
   base.omega_b = omega_b;
@@ -217,6 +228,10 @@ int main(int argc, char** argv) {
   info.shape = CubeShape{static_cast<int>(uo.redshifts.size()), uo.side, uo.side, uo.side};
   info.param_names = {"Omega_M", "sigma_8", "n_s"};
   info.param_units = {"", "", ""};
+  if (ranges.draws_h()) {  // the same name and unit as the MLPerf importer's 4th label
+    info.param_names.push_back("H0");
+    info.param_units.push_back("km/s/Mpc");
+  }
   info.redshifts = uo.redshifts;
   info.box_size_mpc_h = uo.box_size();
   info.generator = "synth " COSMOFLOW_GIT_REV " seed=" + std::to_string(seed);
@@ -236,7 +251,12 @@ int main(int argc, char** argv) {
        << " redshifts=" << Join(uo.redshifts) << " omega_b=" << omega_b << " h=" << h
        << "\nranges: Omega_M " << ranges.omega_m_min << ":" << ranges.omega_m_max << " sigma_8 "
        << ranges.sigma_8_min << ":" << ranges.sigma_8_max << " n_s " << ranges.n_s_min << ":"
-       << ranges.n_s_max << " (uniform)";
+       << ranges.n_s_max
+       << (ranges.draws_h() ? " H0 " + std::to_string(100 * ranges.h_min) + ":" +
+                                  std::to_string(100 * ranges.h_max) +
+                                  " (box scales with H0/70; box_size_mpc_h is the value at H0 = 70)"
+                            : std::string())
+       << " (uniform)";
   DatasetWriteOptions write_options;
   write_options.compression_level = static_cast<int>(compress);
 
@@ -271,9 +291,11 @@ int main(int argc, char** argv) {
     auto sample = (*pool)->Next();
     if (!sample.ok()) return Fail(sample.status(), 1);
     const CosmologyParams& params = sample->params;
-    Status a = writer->Append(
-        sample->cube, {static_cast<float>(params.omega_m), static_cast<float>(params.sigma_8),
-                       static_cast<float>(params.n_s)});
+    std::vector<float> labels = {static_cast<float>(params.omega_m),
+                                 static_cast<float>(params.sigma_8),
+                                 static_cast<float>(params.n_s)};
+    if (ranges.draws_h()) labels.push_back(static_cast<float>(100 * params.h));
+    Status a = writer->Append(sample->cube, labels);
     if (!a.ok()) return Fail(a.WithContext(shard_path), 1);
     const auto now = std::chrono::steady_clock::now();
     if (!quiet &&

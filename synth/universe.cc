@@ -349,10 +349,10 @@ struct UniverseGenerator::Impl {
   // Counts the particles at pos() into dst[side^3] as int16. Returns false if a voxel exceeds the
   // int16 range.
   template <typename Pos>
-  bool DepositWith(const UniverseOptions& o, Pos pos, int16_t* dst) {
+  bool DepositWith(const UniverseOptions& o, double box, Pos pos, int16_t* dst) {
     const int side = o.side;
     const int64_t voxels = int64_t{side} * side * side;
-    const float* g = Assign(side, o.box_size(), o.assignment == MassAssignment::kCic, pos);
+    const float* g = Assign(side, box, o.assignment == MassAssignment::kCic, pos);
     bool overflow = false;
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(|| : overflow)
     for (int64_t v = 0; v < voxels; ++v) {
@@ -376,13 +376,13 @@ struct UniverseGenerator::Impl {
   }
 
   // Moves particles to x = q + d1 Psi1 + d2 Psi2 and counts them into dst[side^3].
-  bool Deposit(const UniverseOptions& o, double d1, double d2, int16_t* dst) {
-    const double spacing = o.box_size() / n;
+  bool Deposit(const UniverseOptions& o, double box, double d1, double d2, int16_t* dst) {
+    const double spacing = box / n;
     const bool second = d2 != 0.0 && psi2[0];
     const float *p1x = psi1[0].get(), *p1y = psi1[1].get(), *p1z = psi1[2].get();
     const float *p2x = psi2[0].get(), *p2y = psi2[1].get(), *p2z = psi2[2].get();
     return DepositWith(
-        o,
+        o, box,
         [&](int64_t p, double* x, double* y, double* w) {
           Lagrangian(p, spacing, x, y, w);
           *x += d1 * p1x[p];
@@ -533,7 +533,7 @@ StatusOr<std::unique_ptr<UniverseGenerator>> UniverseGenerator::Create(
 Status UniverseGenerator::LinearDensity(const Cosmology& cosmology, uint64_t seed, uint64_t index,
                                         std::vector<float>* delta) {
   Impl& m = *impl_;
-  m.Colour(cosmology, options_.box_size(), seed, index);
+  m.Colour(cosmology, options_.BoxSize(cosmology.params().h), seed, index);
   // FFTW's new-array execute needs arrays aligned like the planned ones: transform into m.real.
   m.Derived(m.delta_k.get(), m.real.get(), false, [](int, int, int) { return 1.0; });
   delta->assign(m.real.get(), m.real.get() + m.real_size);
@@ -548,7 +548,7 @@ double UniverseGenerator::SmoothingRadius(const Cosmology& cosmology, double z) 
 StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t seed,
                                            uint64_t index) {
   Impl& m = *impl_;
-  const double box = options_.box_size();
+  const double box = options_.BoxSize(cosmology.params().h);
   const bool second_order = options_.displacement == Displacement::k2Lpt;
   m.Colour(cosmology, box, seed, index);
   const int side = options_.side;
@@ -556,7 +556,7 @@ StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t 
   Cube cube(CubeShape{channels, side, side, side}, DType::kInt16);
   const int64_t voxels = int64_t{side} * side * side;
   if (options_.displacement == Displacement::kPm) {
-    CF_RETURN_IF_ERROR(ParticleMesh(cosmology, index, &cube));
+    CF_RETURN_IF_ERROR(ParticleMesh(cosmology, index, box, &cube));
     return cube;
   }
   // With a fixed (or no) truncation every channel is the same field scaled by D(z): compute the
@@ -570,7 +570,7 @@ StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t 
     }
     const double d1 = cosmology.GrowthFactor(z);
     const double d2 = second_order ? cosmology.SecondOrderGrowthFactor(z) : 0.0;
-    if (!m.Deposit(options_, d1, d2, cube.int16_data() + c * voxels)) {
+    if (!m.Deposit(options_, box, d1, d2, cube.int16_data() + c * voxels)) {
       return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
                              std::to_string(c) + " has a voxel with more than 32767 particles");
     }
@@ -578,7 +578,8 @@ StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t 
   return cube;
 }
 
-Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t index, Cube* cube) {
+Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t index, double box,
+                                       Cube* cube) {
   // Kick-drift-kick leapfrog in the scale factor with FastPM's modified factors (Feng et al.
   // 2016, MNRAS 463, 2273, eqs. 20-24), which make the linear growth exact whatever the number of
   // steps: with p = a^2 dx/dt (H0 = 1) and F = -grad phi, laplacian phi = 1.5 Omega_M delta / a,
@@ -587,7 +588,6 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   // where a_r is the time at which F was computed. Initial conditions: 2LPT at z_init.
   Impl& m = *impl_;
   const UniverseOptions& o = options_;
-  const double box = o.box_size();
   const double om = cosmology.params().omega_m;
   auto e_of = [om](double a) { return std::sqrt(om / (a * a * a) + 1 - om); };
   auto d1 = [&](double a) { return cosmology.GrowthFactor(1 / a - 1); };
@@ -616,7 +616,7 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   for (int c = 0; c < channels; ++c) {
     const double a = 1 / (1 + o.redshifts[c]);
     if (a <= a_init) {
-      if (!m.Deposit(o, d1(a), d2(a), cube->int16_data() + c * voxels)) return overflow(c);
+      if (!m.Deposit(o, box, d1(a), d2(a), cube->int16_data() + c * voxels)) return overflow(c);
     } else {
       outputs.emplace_back(a, c);
     }
@@ -681,7 +681,7 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
     while (next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9) {
       const int c = outputs[next_output].second;
       const bool ok = m.DepositWith(
-          o,
+          o, box,
           [&](int64_t p, double* x, double* y, double* w) {
             *x = m.pos[0][p];
             *y = m.pos[1][p];
@@ -711,6 +711,7 @@ Status ParamRanges::Validate() const {
   CF_RETURN_IF_ERROR(check("Omega_M", omega_m_min, omega_m_max, 0.045, 1.0000001));
   CF_RETURN_IF_ERROR(check("sigma_8", sigma_8_min, sigma_8_max, 0, 10));
   CF_RETURN_IF_ERROR(check("n_s", n_s_min, n_s_max, 0, 3));
+  if (draws_h()) CF_RETURN_IF_ERROR(check("h", h_min, h_max, 0, 2));
   return Status::Ok();
 }
 
@@ -721,6 +722,7 @@ CosmologyParams DrawParams(const ParamRanges& r, uint64_t seed, uint64_t index,
   p.omega_m = r.omega_m_min + (r.omega_m_max - r.omega_m_min) * RandomUniform(key, 0);
   p.sigma_8 = r.sigma_8_min + (r.sigma_8_max - r.sigma_8_min) * RandomUniform(key, 1);
   p.n_s = r.n_s_min + (r.n_s_max - r.n_s_min) * RandomUniform(key, 2);
+  if (r.draws_h()) p.h = r.h_min + (r.h_max - r.h_min) * RandomUniform(key, 3);
   return p;
 }
 

@@ -90,7 +90,12 @@ struct UniverseOptions {
   }
   int threads = 0;  // OpenMP + FFTW threads; 0 = omp_get_max_threads()
 
-  double box_size() const { return side * voxel_size; }
+  // MLPerf convention (the real CosmoFlow data): the box is fixed in Mpc, so in Mpc/h it scales
+  // as h / 0.7: side * voxel_size * h / 0.7 Mpc/h (voxel_size is then the value at H0 = 70).
+  bool scale_box_with_h = false;
+
+  double box_size() const { return side * voxel_size; }  // nominal (at h = 0.7 if scaled)
+  double BoxSize(double h) const { return scale_box_with_h ? box_size() * h / 0.7 : box_size(); }
   int particle_grid() const { return particles_per_side > 0 ? particles_per_side : side; }
   // Checks sizes (side 4..1024, even particle grid, at most 2^31 particles), redshifts (>= 0,
   // at least one) and voxel size; errors name the option.
@@ -123,7 +128,7 @@ class UniverseGenerator {
 
  private:
   UniverseGenerator() = default;
-  Status ParticleMesh(const Cosmology& cosmology, uint64_t index, Cube* cube);
+  Status ParticleMesh(const Cosmology& cosmology, uint64_t index, double box, Cube* cube);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   UniverseOptions options_;
@@ -134,10 +139,12 @@ struct ParamRanges {
   double omega_m_min = 0.25, omega_m_max = 0.35;
   double sigma_8_min = 0.78, sigma_8_max = 0.95;
   double n_s_min = 0.90, n_s_max = 1.00;
+  double h_min = 0, h_max = 0;  // h is drawn only when h_max > 0 (else CosmologyParams' h)
+  bool draws_h() const { return h_max > 0; }
   Status Validate() const;  // min <= max, and every value within CosmologyParams' limits
 };
 
-// Draws (Omega_M, sigma_8, n_s) for sample `index`; a pure function of (ranges, seed, index).
+// Draws (Omega_M, sigma_8, n_s[, h]) for sample `index`; a pure function of (ranges, seed, index).
 CosmologyParams DrawParams(const ParamRanges& ranges, uint64_t seed, uint64_t index,
                            const CosmologyParams& base = {});
 

@@ -92,6 +92,23 @@ TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)->info().shape.channels, 1);
   EXPECT_EQ(*(*c)->ReadParams(0), (std::vector<float>{0.3f, 0.8f, 0.96f}));
+  // H0 drawn too: a 4th label named and scaled as the MLPerf importer's.
+  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "d.h5" +
+                           " --samples 3 --side 16 --h0 63:77 --displacement za --quiet",
+                       dir / "err", &err),
+            0)
+      << err;
+  auto d = Dataset::Open(dir / "d.h5");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ((*d)->info().param_names,
+            (std::vector<std::string>{"Omega_M", "sigma_8", "n_s", "H0"}));
+  EXPECT_EQ((*d)->info().param_units[3], "km/s/Mpc");
+  for (int i = 0; i < 3; ++i) {
+    auto p = (*d)->ReadParams(i);
+    ASSERT_TRUE(p.ok());
+    EXPECT_GE((*p)[3], 63.0f);
+    EXPECT_LE((*p)[3], 77.0f);
+  }
 }
 
 TEST(SynthCliTest, BadFlagsGiveOneLineAndStatus2) {
@@ -107,6 +124,7 @@ TEST(SynthCliTest, BadFlagsGiveOneLineAndStatus2) {
       {"--out X --displacement nbody", "displacement"},
       {"--out X --samples", "needs a value"},
       {"--out X --omega-b 0.5", "Omega_b"},
+      {"--out X --h0 80:60", "H0 range"},
   };
   for (const auto& [args, needle] : cases) {
     std::string err;

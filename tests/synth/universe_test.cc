@@ -335,6 +335,22 @@ TEST(UniverseTest, DrawParamsIsReproducibleAndInRange) {
   EXPECT_GT(max_om, 0.345);
   EXPECT_DOUBLE_EQ(DrawParams(r, 17, 5).sigma_8, DrawParams(r, 17, 5).sigma_8);
   EXPECT_NE(DrawParams(r, 17, 5).sigma_8, DrawParams(r, 18, 5).sigma_8);
+  EXPECT_DOUBLE_EQ(DrawParams(r, 17, 5).h, 0.703);  // h is not drawn by default
+  ParamRanges with_h = r;
+  with_h.h_min = 0.63;
+  with_h.h_max = 0.77;
+  ASSERT_TRUE(with_h.Validate().ok());
+  for (uint64_t i = 0; i < 200; ++i) {
+    const CosmologyParams p = DrawParams(with_h, 17, i);
+    EXPECT_GE(p.h, 0.63);
+    EXPECT_LE(p.h, 0.77);
+    EXPECT_DOUBLE_EQ(p.omega_m, DrawParams(r, 17, i).omega_m);  // the other draws are unchanged
+  }
+  UniverseOptions o;
+  o.side = 128;
+  EXPECT_DOUBLE_EQ(o.BoxSize(0.77), 128.0);
+  o.scale_box_with_h = true;
+  EXPECT_DOUBLE_EQ(o.BoxSize(0.77), 128.0 * 1.1);  // MLPerf: 128 H0/70 Mpc/h
   r.sigma_8_min = 1.0;
   r.sigma_8_max = 0.9;
   EXPECT_NE(r.Validate().message().find("sigma_8"), std::string::npos);
