@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
       "# serving benchmark: spec %s, %lld-voxel int16 cubes, max batch %d, queue delay %s, "
       "%u hardware threads (medians; noisy when other work shares the cores)\n",
       spec_name.c_str(), static_cast<long long>(voxels), max_batch,
-      delay_ms < 0 ? "auto" : (std::to_string(delay_ms) + " ms").c_str(),
+      delay_ms < 0 ? "auto" : (std::to_string(int(delay_ms * 1000)) + " us").c_str(),
       std::thread::hardware_concurrency());
   RawEngine raw_one(ckpt, 1, counts), raw_batch(ckpt, max_batch, counts);
   ServerOptions o;
