@@ -22,8 +22,9 @@ GradientAllreducer::GradientAllreducer(std::vector<Parameter>* params, MPI_Comm 
   const int64_t bucket_floats = bucket_bytes / 4 > 0 ? bucket_bytes / 4 : 1;
   for (int i = n - 1; i >= 0; --i) {
     const int64_t numel = (*params_)[i].numel();
-    if (buckets_.empty() || (static_cast<int64_t>(buckets_.back().buffer.size()) > 0 &&
-                             static_cast<int64_t>(buckets_.back().buffer.size()) + numel > bucket_floats)) {
+    if (buckets_.empty() ||
+        (static_cast<int64_t>(buckets_.back().buffer.size()) > 0 &&
+         static_cast<int64_t>(buckets_.back().buffer.size()) + numel > bucket_floats)) {
       buckets_.emplace_back();
     }
     Bucket& b = buckets_.back();
@@ -35,7 +36,8 @@ GradientAllreducer::GradientAllreducer(std::vector<Parameter>* params, MPI_Comm 
     total_floats_ += numel;
   }
   in_flight_.reserve(buckets_.size());
-  if (mode_ == Mode::kThread && world_size_ > 1) comm_thread_ = std::thread([this] { CommThread(); });
+  if (mode_ == Mode::kThread && world_size_ > 1)
+    comm_thread_ = std::thread([this] { CommThread(); });
 }
 
 GradientAllreducer::~GradientAllreducer() {
@@ -63,7 +65,8 @@ void GradientAllreducer::CommThread() {
       queue_.pop_front();
     }
     Bucket& b = buckets_[k];
-    MPI_Allreduce(MPI_IN_PLACE, b.buffer.data(), static_cast<int>(b.buffer.size()), MPI_FLOAT, MPI_SUM, comm_);
+    MPI_Allreduce(MPI_IN_PLACE, b.buffer.data(), static_cast<int>(b.buffer.size()), MPI_FLOAT,
+                  MPI_SUM, comm_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++done_;
@@ -81,8 +84,8 @@ void GradientAllreducer::StartBucket(int k) {
     }
     cv_.notify_all();
   } else {
-    MPI_Iallreduce(MPI_IN_PLACE, s.buffer.data(), static_cast<int>(s.buffer.size()), MPI_FLOAT, MPI_SUM, comm_,
-                   &s.request);
+    MPI_Iallreduce(MPI_IN_PLACE, s.buffer.data(), static_cast<int>(s.buffer.size()), MPI_FLOAT,
+                   MPI_SUM, comm_, &s.request);
   }
 }
 
@@ -104,7 +107,8 @@ void GradientAllreducer::OnGradReady(int param_index) {
   std::memcpy(b.buffer.data() + b.offset[slot_of_[param_index]], p.grad, p.numel() * sizeof(float));
   if (--b.pending == 0) {
     // Collectives must start in the same order on every rank; buckets are filled in a fixed order,
-    // so start every bucket that is complete, in order (a later one never starts before an earlier).
+    // so start every bucket that is complete, in order (a later one never starts before an
+    // earlier).
     while (next_bucket_to_start_ < num_buckets() && buckets_[next_bucket_to_start_].pending == 0) {
       if (first_start_time_ == 0) first_start_time_ = Now();
       StartBucket(next_bucket_to_start_++);
@@ -128,7 +132,8 @@ void GradientAllreducer::FinishStep() {
   last_wait_seconds_ = 0;
   last_span_seconds_ = 0;
   if (world_size_ == 1) return;
-  assert(next_bucket_to_start_ == num_buckets() && "OnGradReady was not called for every parameter");
+  assert(next_bucket_to_start_ == num_buckets() &&
+         "OnGradReady was not called for every parameter");
   const double t0 = Now();
   if (mode_ == Mode::kThread) {
     std::unique_lock<std::mutex> lock(mu_);

@@ -53,7 +53,8 @@ class GradientAllreducer {
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   int64_t total_bytes() const { return total_floats_ * 4; }
-  // Seconds spent blocked in FinishStep() in the last step: the communication not hidden by compute.
+  // Seconds spent blocked in FinishStep() in the last step: the communication not hidden by
+  // compute.
   double last_wait_seconds() const { return last_wait_seconds_; }
   // Seconds from the first bucket's start to the last bucket's completion (overlapped or not).
   double last_comm_span_seconds() const { return last_span_seconds_; }
@@ -74,8 +75,8 @@ class GradientAllreducer {
   MPI_Comm comm_;
   int world_size_ = 1;
   std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_;      // parameter index -> bucket
-  std::vector<int> slot_of_;        // parameter index -> position in its bucket
+  std::vector<int> bucket_of_;  // parameter index -> bucket
+  std::vector<int> slot_of_;    // parameter index -> position in its bucket
   std::vector<MPI_Request> in_flight_;
   int64_t total_floats_ = 0;
   int next_bucket_to_start_ = 0;

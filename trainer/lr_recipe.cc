@@ -8,20 +8,24 @@ StatusOr<LrRecipe> ParseLrRecipe(const std::string& name) {
   if (name == "mlperf") return LrRecipe::kMlperf;
   if (name == "sc18") return LrRecipe::kSc18;
   if (name == "constant") return LrRecipe::kConstant;
-  return InvalidArgumentError("--recipe: unknown recipe '" + name + "' (expected mlperf, sc18 or constant)");
+  return InvalidArgumentError("--recipe: unknown recipe '" + name +
+                              "' (expected mlperf, sc18 or constant)");
 }
 
 const char* LrRecipeName(LrRecipe recipe) {
   switch (recipe) {
-    case LrRecipe::kMlperf: return "mlperf";
-    case LrRecipe::kSc18: return "sc18";
-    case LrRecipe::kConstant: return "constant";
+    case LrRecipe::kMlperf:
+      return "mlperf";
+    case LrRecipe::kSc18:
+      return "sc18";
+    case LrRecipe::kConstant:
+      return "constant";
   }
   return "?";
 }
 
 StatusOr<LrRecipeSchedule> LrRecipeSchedule::Create(const LrRecipeConfig& config, int global_batch,
-                                        int64_t steps_per_epoch, int64_t total_steps) {
+                                                    int64_t steps_per_epoch, int64_t total_steps) {
   if (!(config.base_lr > 0)) return InvalidArgumentError("--lr must be > 0");
   if (config.end_lr < 0) return InvalidArgumentError("--end-lr must be >= 0");
   if (config.base_batch < 1) return InvalidArgumentError("--base-batch must be >= 1");

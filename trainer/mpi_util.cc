@@ -44,7 +44,8 @@ bool AnyRankTrue(bool flag, MPI_Comm comm) {
 }
 
 void AllreduceSum(std::vector<double>& values, MPI_Comm comm) {
-  MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM, comm);
+  MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
+                comm);
 }
 
 bool SameOnAllRanks(uint32_t checksum, MPI_Comm comm) {
@@ -73,8 +74,8 @@ std::vector<float> GatherToRoot(const std::vector<float>& local, MPI_Comm comm) 
     }
     all.resize(total);
   }
-  MPI_Gatherv(local.data(), count, MPI_FLOAT, all.data(), counts.data(), displs.data(), MPI_FLOAT, 0,
-              comm);
+  MPI_Gatherv(local.data(), count, MPI_FLOAT, all.data(), counts.data(), displs.data(), MPI_FLOAT,
+              0, comm);
   return all;
 }
 

@@ -18,7 +18,7 @@ struct MpiWorld {
   MPI_Comm comm = MPI_COMM_WORLD;
   int rank = 0;
   int size = 1;
-  int local_rank = 0;   // rank among the processes of this node (MPI_COMM_TYPE_SHARED)
+  int local_rank = 0;  // rank among the processes of this node (MPI_COMM_TYPE_SHARED)
   int local_size = 1;
 };
 MpiWorld DescribeWorld(MPI_Comm comm);

@@ -20,15 +20,22 @@ struct FlagInfo {
 // The one list of flags: parsing, the config file and --help all read it.
 const FlagInfo kFlags[] = {
     {"config", "JSON file with any of these keys; command-line flags override it", false},
-    {"spec", "model: built-in name (sc18, mlperf, tiny32, small64, mlperf64) or a JSON spec file [sc18]", false},
+    {"spec",
+     "model: built-in name (sc18, mlperf, tiny32, small64, mlperf64) or a JSON spec file [sc18]",
+     false},
     {"train", "training set: HDF5 shard or directory of shards (required)", false},
     {"val", "validation set: HDF5 shard or directory; validated after every epoch [none]", false},
-    {"out", "run directory for checkpoints/, train_log.csv, run.json, val_predictions.csv (required)", false},
+    {"out",
+     "run directory for checkpoints/, train_log.csv, run.json, val_predictions.csv (required)",
+     false},
     {"precision", "fp32 | bf16 [fp32]", false},
     {"epochs", "number of epochs [1]", false},
     {"max-steps", "stop after this global step, 0 = no limit [0]", false},
     {"batch", "samples per rank per step [4]", false},
-    {"recipe", "LR recipe: mlperf (SGD, scaled LR, warmup, step decay) | sc18 (Adam, linear decay) | constant [mlperf]", false},
+    {"recipe",
+     "LR recipe: mlperf (SGD, scaled LR, warmup, step decay) | sc18 (Adam, linear decay) | "
+     "constant [mlperf]",
+     false},
     {"optimizer", "sgd | adam [the recipe's]", false},
     {"lr", "base learning rate [0.001]", false},
     {"end-lr", "sc18 recipe: final learning rate [0]", false},
@@ -39,19 +46,29 @@ const FlagInfo kFlags[] = {
     {"momentum", "SGD momentum [0.9]", false},
     {"weight-decay", "L2 weight decay [0]", false},
     {"augment", "random cube symmetries (48 rotations/reflections) [false]", true},
-    {"stage", "none | memory | DIR: copy the dataset into memory or a node-local directory first [none]", false},
+    {"stage",
+     "none | memory | DIR: copy the dataset into memory or a node-local directory first [none]",
+     false},
     {"prefetch", "batches read ahead by the background reader [2]", false},
-    {"shuffle", "global (one permutation per epoch) | shard (each rank permutes its own block) [global]", false},
+    {"shuffle",
+     "global (one permutation per epoch) | shard (each rank permutes its own block) [global]",
+     false},
     {"seed", "seed for initialisation, shuffling, augmentation and dropout [1]", false},
     {"checkpoint-every", "checkpoint every N steps; 0 = at each epoch end only [0]", false},
     {"keep-checkpoints", "how many checkpoints to keep [3]", false},
-    {"resume", "auto (latest valid checkpoint in OUT/checkpoints) | never | a checkpoint file [auto]", false},
+    {"resume",
+     "auto (latest valid checkpoint in OUT/checkpoints) | never | a checkpoint file [auto]", false},
     {"log-every", "steps between progress lines on rank 0 [10]", false},
-    {"deterministic", "check that all ranks hold identical weights (every 100 steps by default) [false]", true},
+    {"deterministic",
+     "check that all ranks hold identical weights (every 100 steps by default) [false]", true},
     {"check-weights-every", "steps between weight checksums across ranks, 0 = default [0]", false},
     {"bucket-mb", "gradient fusion bucket size in MB [25]", false},
-    {"allreduce", "thread (a communication thread allreduces buckets during backward) | nonblocking (MPI_Iallreduce) [thread]", false},
-    {"debug-die-at-step", "test hook: rank --debug-die-rank exits abruptly at this step [-1]", false},
+    {"allreduce",
+     "thread (a communication thread allreduces buckets during backward) | nonblocking "
+     "(MPI_Iallreduce) [thread]",
+     false},
+    {"debug-die-at-step", "test hook: rank --debug-die-rank exits abruptly at this step [-1]",
+     false},
     {"debug-die-rank", "test hook: which rank dies [-1]", false},
     {"debug-step-sleep", "test hook: seconds to sleep each step [0]", false},
     {"help", "print this help", true},
@@ -83,7 +100,8 @@ StatusOr<double> ToDouble(const std::string& flag, const std::string& v, double 
   errno = 0;
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(x)) return Bad(flag, v, "not a number");
+  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(x))
+    return Bad(flag, v, "not a number");
   if (x < lo || x > hi) {
     std::ostringstream os;
     os << "out of range [" << lo << ", " << hi << "]";
@@ -110,10 +128,14 @@ StatusOr<std::vector<double>> ToList(const std::string& flag, const std::string&
 }
 
 Status Apply(TrainerOptions& o, bool& recipe_set, const std::string& k, const std::string& v) {
-  if (k == "spec") o.spec = v;
-  else if (k == "train") o.train_path = v;
-  else if (k == "val") o.val_path = v;
-  else if (k == "out") o.out_dir = v;
+  if (k == "spec")
+    o.spec = v;
+  else if (k == "train")
+    o.train_path = v;
+  else if (k == "val")
+    o.val_path = v;
+  else if (k == "out")
+    o.out_dir = v;
   else if (k == "precision") {
     if (v != "fp32" && v != "bf16") return Bad(k, v, "expected fp32 or bf16");
     o.precision = v;
@@ -157,9 +179,12 @@ Status Apply(TrainerOptions& o, bool& recipe_set, const std::string& k, const st
     CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 64));
     o.prefetch = static_cast<int>(x);
   } else if (k == "shuffle") {
-    if (v == "global") o.shuffle = ShuffleMode::kGlobal;
-    else if (v == "shard") o.shuffle = ShuffleMode::kShard;
-    else return Bad(k, v, "expected global or shard");
+    if (v == "global")
+      o.shuffle = ShuffleMode::kGlobal;
+    else if (v == "shard")
+      o.shuffle = ShuffleMode::kShard;
+    else
+      return Bad(k, v, "expected global or shard");
   } else if (k == "seed") {
     CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 0, int64_t{1} << 62));
     o.seed = static_cast<uint64_t>(x);
@@ -275,7 +300,8 @@ StatusOr<TrainerOptions> ParseTrainerOptions(int argc, char** argv, bool* help) 
   for (const auto& [k, v] : flags) {
     if (k != "config") CF_RETURN_IF_ERROR(Apply(o, recipe_set, k, v));
   }
-  if (o.train_path.empty()) return InvalidArgumentError("--train is required (a shard file or directory)");
+  if (o.train_path.empty())
+    return InvalidArgumentError("--train is required (a shard file or directory)");
   if (o.out_dir.empty()) return InvalidArgumentError("--out is required (the run directory)");
   if (o.optimizer.empty()) o.optimizer = o.lr.recipe == LrRecipe::kSc18 ? "adam" : "sgd";
   (void)recipe_set;

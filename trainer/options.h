@@ -19,38 +19,38 @@ namespace cosmoflow {
 
 struct TrainerOptions {
   // Model and data.
-  std::string spec = "sc18";        // built-in name or a JSON file
-  std::string train_path;           // shard file or directory (required)
-  std::string val_path;             // optional held-out set
-  std::string out_dir;              // run directory: checkpoints/, train_log.csv, ... (required)
-  std::string precision = "fp32";   // fp32 | bf16
+  std::string spec = "sc18";       // built-in name or a JSON file
+  std::string train_path;          // shard file or directory (required)
+  std::string val_path;            // optional held-out set
+  std::string out_dir;             // run directory: checkpoints/, train_log.csv, ... (required)
+  std::string precision = "fp32";  // fp32 | bf16
   // Schedule.
   int epochs = 1;
-  int64_t max_steps = 0;            // 0 = no limit; else stop after this global step
-  int batch = 4;                    // per rank
-  std::string optimizer;            // "" = the recipe's (mlperf: sgd, sc18: adam, constant: sgd)
+  int64_t max_steps = 0;  // 0 = no limit; else stop after this global step
+  int batch = 4;          // per rank
+  std::string optimizer;  // "" = the recipe's (mlperf: sgd, sc18: adam, constant: sgd)
   double momentum = 0.9;
   double weight_decay = 0;
   LrRecipeConfig lr;
   // Input pipeline.
   bool augment = false;
-  std::string stage = "none";       // none | memory | a directory (node-local disk)
-  int prefetch = 2;                 // batches read ahead
+  std::string stage = "none";  // none | memory | a directory (node-local disk)
+  int prefetch = 2;            // batches read ahead
   ShuffleMode shuffle = ShuffleMode::kGlobal;
   uint64_t seed = 1;
   // Checkpoints and logs.
-  int64_t checkpoint_every = 0;     // steps; 0 = at the end of every epoch only
+  int64_t checkpoint_every = 0;  // steps; 0 = at the end of every epoch only
   int keep_checkpoints = 3;
   std::string resume = "auto";      // auto | never | a checkpoint file
   int log_every = 10;               // steps between progress lines
   bool deterministic = false;       // also checks weights are identical on all ranks
   int64_t check_weights_every = 0;  // steps; 0 = every 100 steps in deterministic mode, else never
   double bucket_mb = 25;
-  std::string allreduce = "thread"; // thread (communication thread) | nonblocking (MPI_Iallreduce)
+  std::string allreduce = "thread";  // thread (communication thread) | nonblocking (MPI_Iallreduce)
   // Test hooks (documented, harmless): make a rank die or stall, to test failure paths.
   int64_t debug_die_at_step = -1;
   int debug_die_rank = -1;
-  double debug_step_sleep = 0;      // seconds slept per step (lets tests signal a running job)
+  double debug_step_sleep = 0;  // seconds slept per step (lets tests signal a running job)
 };
 
 // Parses argv (argv[0] is skipped). `help` is set when --help was given.

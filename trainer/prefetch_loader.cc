@@ -57,7 +57,8 @@ class MemorySource final : public SampleSource {
 
  private:
   static Status NotStaged(int64_t index) {
-    return OutOfRangeError("sample " + std::to_string(index) + " was not staged into memory by this rank");
+    return OutOfRangeError("sample " + std::to_string(index) +
+                           " was not staged into memory by this rank");
   }
 };
 
@@ -88,7 +89,8 @@ StatusOr<std::unique_ptr<SampleSource>> StageInMemory(const Dataset& dataset,
   return std::unique_ptr<SampleSource>(std::move(source));
 }
 
-StatusOr<LabelMap> MakeLabelMap(const ModelSpec& spec, const DatasetInfo& info, const std::string& what) {
+StatusOr<LabelMap> MakeLabelMap(const ModelSpec& spec, const DatasetInfo& info,
+                                const std::string& what) {
   LabelMap map;
   std::string have, want;
   for (const auto& n : info.param_names) have += (have.empty() ? "" : ",") + n;
@@ -99,10 +101,12 @@ StatusOr<LabelMap> MakeLabelMap(const ModelSpec& spec, const DatasetInfo& info, 
       if (Lower(info.param_names[j]) == Lower(out.name)) found = static_cast<int>(j);
     }
     if (found < 0) {
-      return InvalidArgumentError(what + ": dataset parameters [" + have + "] lack the model output '" +
-                                  out.name + "' (model outputs [" + want + "])");
+      return InvalidArgumentError(what + ": dataset parameters [" + have +
+                                  "] lack the model output '" + out.name + "' (model outputs [" +
+                                  want + "])");
     }
-    if (!(out.scale != 0)) return InvalidArgumentError("model output '" + out.name + "' has scale 0");
+    if (!(out.scale != 0))
+      return InvalidArgumentError("model output '" + out.name + "' has scale 0");
     map.column.push_back(found);
     map.offset.push_back(out.offset);
     map.scale.push_back(out.scale);
@@ -137,7 +141,7 @@ PrefetchLoader::~PrefetchLoader() {
 }
 
 void PrefetchLoader::Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>& counts,
-                       std::vector<int16_t>& rotated) {
+                          std::vector<int16_t>& rotated) {
   const DatasetInfo& info = source_->info();
   const CubeShape shape = info.shape;
   const int64_t elements = shape.elements();
@@ -158,13 +162,14 @@ void PrefetchLoader::Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t
     }
     const int16_t* cube = counts.data();
     if (config_.augment && shape.depth == shape.height && shape.height == shape.width) {
-      const int symmetry = static_cast<int>(
-          MixSeed(config_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index), 0x5e77) %
-          kNumCubeSymmetries);
+      const int symmetry = static_cast<int>(MixSeed(config_.seed, static_cast<uint64_t>(epoch),
+                                                    static_cast<uint64_t>(index), 0x5e77) %
+                                            kNumCubeSymmetries);
       ApplyCubeSymmetry(symmetry, counts.data(), rotated.data(), shape.channels, shape.depth);
       cube = rotated.data();
     }
-    ApplyInputTransform(config_.transform, cube, elements, shape.voxels(), batch->src.data() + i * elements);
+    ApplyInputTransform(config_.transform, cube, elements, shape.voxels(),
+                        batch->src.data() + i * elements);
     for (size_t o = 0; o < outputs; ++o) {
       const float phys = params[config_.labels.column[o]];
       batch->physical[i * outputs + o] = phys;

@@ -42,13 +42,14 @@ std::unique_ptr<SampleSource> MakeDatasetSource(const Dataset* dataset);
 StatusOr<std::unique_ptr<SampleSource>> StageInMemory(const Dataset& dataset,
                                                       const std::vector<int64_t>& indices);
 
-// How the dataset's parameters map onto the network outputs: out[k] = (param[column[k]] - offset[k])
-// / scale[k]. Matching is by name (case-insensitive); the error lists both name sets.
+// How the dataset's parameters map onto the network outputs: out[k] = (param[column[k]] -
+// offset[k]) / scale[k]. Matching is by name (case-insensitive); the error lists both name sets.
 struct LabelMap {
   std::vector<int> column;
   std::vector<float> offset, scale;
 };
-StatusOr<LabelMap> MakeLabelMap(const ModelSpec& spec, const DatasetInfo& info, const std::string& what);
+StatusOr<LabelMap> MakeLabelMap(const ModelSpec& spec, const DatasetInfo& info,
+                                const std::string& what);
 
 struct BatchPlan {
   int64_t num_batches = 0;
@@ -70,13 +71,13 @@ struct PrefetchConfig {
 };
 
 struct PrefetchedBatch {
-  int64_t number = 0;                 // k in the plan
-  std::vector<int64_t> indices;       // dataset sample indices
+  int64_t number = 0;            // k in the plan
+  std::vector<int64_t> indices;  // dataset sample indices
   int valid = 0;
-  std::vector<float> src;             // batch x C x D x H x W, transformed
-  std::vector<float> labels;          // batch x P, normalised
-  std::vector<float> physical;        // batch x P, the dataset's values (for relative errors)
-  Status status;                      // a read error for this batch (then the data is undefined)
+  std::vector<float> src;       // batch x C x D x H x W, transformed
+  std::vector<float> labels;    // batch x P, normalised
+  std::vector<float> physical;  // batch x P, the dataset's values (for relative errors)
+  Status status;                // a read error for this batch (then the data is undefined)
 };
 
 class PrefetchLoader {
@@ -94,7 +95,8 @@ class PrefetchLoader {
 
  private:
   void Produce();
-  void Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>& counts, std::vector<int16_t>& rotated);
+  void Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>& counts,
+            std::vector<int16_t>& rotated);
 
   const SampleSource* source_;
   BatchPlan plan_;

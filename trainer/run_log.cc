@@ -4,7 +4,8 @@
 
 namespace cosmoflow {
 
-StatusOr<RunLog> RunLog::Open(const std::string& path, const std::vector<std::string>& output_names) {
+StatusOr<RunLog> RunLog::Open(const std::string& path,
+                              const std::vector<std::string>& output_names) {
   struct stat st;
   const bool fresh = ::stat(path.c_str(), &st) != 0 || st.st_size == 0;
   RunLog log;
@@ -28,11 +29,14 @@ RunLog::~RunLog() {
 void RunLog::Write(const LogRow& r) {
   if (!file_) return;
   auto opt = [this](double v) {
-    if (v < 0) std::fputs(",", file_);
-    else std::fprintf(file_, ",%.6g", v);
+    if (v < 0)
+      std::fputs(",", file_);
+    else
+      std::fprintf(file_, ",%.6g", v);
   };
-  std::fprintf(file_, "%s,%lld,%lld,%lld,%.6g,%.6g", r.kind.c_str(), static_cast<long long>(r.epoch),
-               static_cast<long long>(r.step), static_cast<long long>(r.samples_seen), r.lr, r.loss);
+  std::fprintf(file_, "%s,%lld,%lld,%lld,%.6g,%.6g", r.kind.c_str(),
+               static_cast<long long>(r.epoch), static_cast<long long>(r.step),
+               static_cast<long long>(r.samples_seen), r.lr, r.loss);
   opt(r.mae);
   for (size_t i = 0; i < outputs_; ++i) opt(i < r.rel_err.size() ? r.rel_err[i] : -1);
   opt(r.samples_per_s);

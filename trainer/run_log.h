@@ -3,8 +3,8 @@
 //   kind,epoch,step,samples_seen,lr,loss,mae,rel_err_<output>...,samples_per_s,data_wait_frac,
 //   comm_frac,elapsed_s
 // Empty cells where a value does not apply (mae and rel_err on train rows). The file is appended to
-// across restarts of the same run (a requeued job continues the same log); readers keep the last row
-// for a given (kind, step).
+// across restarts of the same run (a requeued job continues the same log); readers keep the last
+// row for a given (kind, step).
 #pragma once
 
 #include <cstdio>
@@ -19,15 +19,16 @@ struct LogRow {
   std::string kind;  // "train" | "val"
   int64_t epoch = 0, step = 0, samples_seen = 0;
   double lr = 0, loss = 0;
-  double mae = -1;                 // < 0: empty
-  std::vector<double> rel_err;     // empty: empty cells
+  double mae = -1;              // < 0: empty
+  std::vector<double> rel_err;  // empty: empty cells
   double samples_per_s = -1, data_wait_frac = -1, comm_frac = -1;
   double elapsed_s = 0;
 };
 
 class RunLog {
  public:
-  static StatusOr<RunLog> Open(const std::string& path, const std::vector<std::string>& output_names);
+  static StatusOr<RunLog> Open(const std::string& path,
+                               const std::vector<std::string>& output_names);
   RunLog(RunLog&& o) noexcept : file_(o.file_), outputs_(o.outputs_) { o.file_ = nullptr; }
   RunLog& operator=(RunLog&&) = delete;
   ~RunLog();

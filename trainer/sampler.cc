@@ -37,16 +37,17 @@ StatusOr<EpochSampler> EpochSampler::Create(int64_t num_samples, int world_size,
     s.block_size_ = num_samples;
     s.steps_per_epoch_ = num_samples / global;
   } else {
-    // Blocks of floor or ceil(N / R); every rank runs the same number of steps (the smallest block).
+    // Blocks of floor or ceil(N / R); every rank runs the same number of steps (the smallest
+    // block).
     s.block_begin_ = num_samples * rank / world_size;
     s.block_size_ = num_samples * (rank + 1) / world_size - s.block_begin_;
     s.steps_per_epoch_ = (num_samples / world_size) / local_batch;
   }
   if (s.steps_per_epoch_ < 1) {
     return InvalidArgumentError("dataset has " + std::to_string(num_samples) +
-                                " samples, fewer than one global batch of " + std::to_string(global) +
-                                " (" + std::to_string(world_size) + " ranks x batch " +
-                                std::to_string(local_batch) + ")");
+                                " samples, fewer than one global batch of " +
+                                std::to_string(global) + " (" + std::to_string(world_size) +
+                                " ranks x batch " + std::to_string(local_batch) + ")");
   }
   return s;
 }

@@ -9,7 +9,8 @@
 // - kShard: rank r owns a fixed contiguous block of the dataset (what it stages locally) and
 //   permutes only its block each epoch; this is the paper's I/O layout (no rank reads another's
 //   files), at the price of a less global shuffle.
-// Deterministic and portable: the permutation is Fisher-Yates driven by SplitMix64, not std::shuffle.
+// Deterministic and portable: the permutation is Fisher-Yates driven by SplitMix64, not
+// std::shuffle.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +35,8 @@ uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c = 0, uint64_t d = 0);
 class EpochSampler {
  public:
   // Fails when the dataset cannot fill one global batch (per rank block in kShard mode).
-  static StatusOr<EpochSampler> Create(int64_t num_samples, int world_size, int rank, int local_batch,
-                                       uint64_t seed, ShuffleMode mode);
+  static StatusOr<EpochSampler> Create(int64_t num_samples, int world_size, int rank,
+                                       int local_batch, uint64_t seed, ShuffleMode mode);
 
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int global_batch() const { return local_batch_ * world_size_; }

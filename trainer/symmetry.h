@@ -1,8 +1,8 @@
 // The 48 symmetries of a cube (6 axis permutations x 8 reflections) used as data augmentation.
 //
 // A cosmological density field is statistically isotropic, so a rotated or reflected cube has the
-// same parameters; applying a random one of the 48 per sample multiplies the effective dataset size.
-// Symmetry 0 is the identity. Works on channel-first cubes (C x S x S x S); each channel is
+// same parameters; applying a random one of the 48 per sample multiplies the effective dataset
+// size. Symmetry 0 is the identity. Works on channel-first cubes (C x S x S x S); each channel is
 // transformed the same way. Thread-safe (pure functions).
 #pragma once
 

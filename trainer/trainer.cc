@@ -22,9 +22,9 @@
 #include "core/nn/network.h"
 #include "core/nn/optimizer.h"
 #include "core/nn/spec.h"
-#include "trainer/prefetch_loader.h"
 #include "trainer/grad_allreducer.h"
 #include "trainer/lr_recipe.h"
+#include "trainer/prefetch_loader.h"
 #include "trainer/run_log.h"
 #include "trainer/sampler.h"
 #include "trainer/signals.h"
@@ -47,9 +47,12 @@ std::string FormatDuration(double s) {
   if (!(s >= 0) || s > 1e8) return "?";
   const long t = static_cast<long>(s + 0.5);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof(buf), "%ldh%02ldm", t / 3600, (t / 60) % 60);
-  else if (t >= 60) std::snprintf(buf, sizeof(buf), "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof(buf), "%lds", t);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof(buf), "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof(buf), "%ldm%02lds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof(buf), "%lds", t);
   return buf;
 }
 
@@ -92,8 +95,10 @@ Status CheckDatasetFits(const ModelSpec& spec, const Dataset& ds, const std::str
 }
 
 // Opens a dataset on every rank; all ranks agree on the outcome.
-StatusOr<std::unique_ptr<Dataset>> OpenDatasetEverywhere(const std::string& path, const ModelSpec& spec,
-                                                         const std::string& what, const MpiWorld& world) {
+StatusOr<std::unique_ptr<Dataset>> OpenDatasetEverywhere(const std::string& path,
+                                                         const ModelSpec& spec,
+                                                         const std::string& what,
+                                                         const MpiWorld& world) {
   auto ds = Dataset::Open(path);
   Status local = ds.ok() ? CheckDatasetFits(spec, **ds, what + " " + path)
                          : ds.status().WithContext(what + " " + path);
@@ -103,14 +108,16 @@ StatusOr<std::unique_ptr<Dataset>> OpenDatasetEverywhere(const std::string& path
 
 // Copies the dataset's shard files into `dir`/`tag` (local rank 0 of each node copies, the others
 // wait), so training reads node-local storage instead of the shared file system.
-StatusOr<std::string> StageToDirectory(const Dataset& ds, const std::string& dir, const std::string& tag,
-                                       const MpiWorld& world) {
+StatusOr<std::string> StageToDirectory(const Dataset& ds, const std::string& dir,
+                                       const std::string& tag, const MpiWorld& world) {
   const fs::path target = fs::path(dir) / ("cosmoflow-stage-" + tag);
   Status local;
   if (world.local_rank == 0) {
     std::error_code ec;
     fs::create_directories(target, ec);
-    if (ec) local = NotFoundError("--stage=" + dir + ": cannot create " + target.string() + ": " + ec.message());
+    if (ec)
+      local = NotFoundError("--stage=" + dir + ": cannot create " + target.string() + ": " +
+                            ec.message());
     for (int i = 0; local.ok() && i < ds.num_shards(); ++i) {
       const fs::path src = ds.shard(i).path();
       const fs::path dst = target / src.filename();
@@ -122,7 +129,9 @@ StatusOr<std::string> StageToDirectory(const Dataset& ds, const std::string& dir
       const fs::path tmp = dst.string() + ".staging";
       fs::copy_file(src, tmp, fs::copy_options::overwrite_existing, ec);
       if (!ec) fs::rename(tmp, dst, ec);
-      if (ec) local = InternalError("--stage: copying " + src.string() + " to " + dst.string() + ": " + ec.message());
+      if (ec)
+        local = InternalError("--stage: copying " + src.string() + " to " + dst.string() + ": " +
+                              ec.message());
     }
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world.comm));  // also the barrier: files are in place
@@ -231,14 +240,17 @@ Status Trainer::Setup() {
   if (root()) {
     std::error_code ec;
     fs::create_directories(fs::path(opt_.out_dir) / "checkpoints", ec);
-    local = ec ? NotFoundError("--out=" + opt_.out_dir + ": cannot create the run directory: " + ec.message())
+    local = ec ? NotFoundError("--out=" + opt_.out_dir +
+                               ": cannot create the run directory: " + ec.message())
                : Status::Ok();
     if (local.ok()) {
       std::vector<std::string> names;
       for (const auto& o : spec_.outputs) names.push_back(o.name);
       auto log = RunLog::Open((fs::path(opt_.out_dir) / "train_log.csv").string(), names);
-      if (log.ok()) log_ = std::make_unique<RunLog>(std::move(log).value());
-      else local = log.status();
+      if (log.ok())
+        log_ = std::make_unique<RunLog>(std::move(log).value());
+      else
+        local = log.status();
     }
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
@@ -260,9 +272,10 @@ Status Trainer::Setup() {
     CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   }
 
-  auto sampler = EpochSampler::Create(train_set_->size(), world_.size, world_.rank, opt_.batch, seed_,
-                                      opt_.shuffle);
-  CF_RETURN_IF_ERROR(AgreeOnStatus(sampler.status().WithContext("--train " + opt_.train_path), world_.comm));
+  auto sampler = EpochSampler::Create(train_set_->size(), world_.size, world_.rank, opt_.batch,
+                                      seed_, opt_.shuffle);
+  CF_RETURN_IF_ERROR(
+      AgreeOnStatus(sampler.status().WithContext("--train " + opt_.train_path), world_.comm));
   sampler_ = std::make_unique<EpochSampler>(*sampler);
   steps_per_epoch_ = sampler_->steps_per_epoch();
   total_steps_ = steps_per_epoch_ * opt_.epochs;
@@ -273,8 +286,10 @@ Status Trainer::Setup() {
 
   // Staging: node-local directory or memory.
   if (opt_.stage != "none" && opt_.stage != "memory") {
-    CF_ASSIGN_OR_RETURN(std::string staged, StageToDirectory(*train_set_, opt_.stage, "train", world_));
-    CF_ASSIGN_OR_RETURN(train_set_, OpenDatasetEverywhere(staged, spec_, "--train (staged)", world_));
+    CF_ASSIGN_OR_RETURN(std::string staged,
+                        StageToDirectory(*train_set_, opt_.stage, "train", world_));
+    CF_ASSIGN_OR_RETURN(train_set_,
+                        OpenDatasetEverywhere(staged, spec_, "--train (staged)", world_));
     if (val_set_) {
       CF_ASSIGN_OR_RETURN(std::string sv, StageToDirectory(*val_set_, opt_.stage, "val", world_));
       CF_ASSIGN_OR_RETURN(val_set_, OpenDatasetEverywhere(sv, spec_, "--val (staged)", world_));
@@ -299,7 +314,8 @@ Status Trainer::Setup() {
     if (val_set_) val_source_ = MakeDatasetSource(val_set_.get());
   }
 
-  // Network, optimizer, communication. Dropout masks differ per rank (each rank sees other samples).
+  // Network, optimizer, communication. Dropout masks differ per rank (each rank sees other
+  // samples).
   NetworkOptions no;
   no.batch = opt_.batch;
   no.precision = precision_;
@@ -337,27 +353,31 @@ Status Trainer::Setup() {
 
   int thread_level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&thread_level);
-  auto mode = opt_.allreduce == "thread" ? GradientAllreducer::Mode::kThread : GradientAllreducer::Mode::kNonblocking;
+  auto mode = opt_.allreduce == "thread" ? GradientAllreducer::Mode::kThread
+                                         : GradientAllreducer::Mode::kNonblocking;
   if (mode == GradientAllreducer::Mode::kThread && thread_level < MPI_THREAD_SERIALIZED) {
     if (root()) {
       CF_LOG(WARNING) << "MPI lacks MPI_THREAD_SERIALIZED; using --allreduce=nonblocking";
     }
     mode = GradientAllreducer::Mode::kNonblocking;
   }
-  reducer_ = std::make_unique<GradientAllreducer>(&net_->parameters(), world_.comm,
-                                                  static_cast<int64_t>(opt_.bucket_mb * (1 << 20)), mode);
+  reducer_ = std::make_unique<GradientAllreducer>(
+      &net_->parameters(), world_.comm, static_cast<int64_t>(opt_.bucket_mb * (1 << 20)), mode);
   return Resume();
 }
 
 Status Trainer::Resume() {
-  // Rank 0 chooses the checkpoint (verifying checksums, skipping corrupt ones); every rank reads it.
+  // Rank 0 chooses the checkpoint (verifying checksums, skipping corrupt ones); every rank reads
+  // it.
   std::string path;
   Status local;
   if (root() && opt_.resume != "never") {
     if (opt_.resume == "auto") {
       auto found = FindLatestCheckpoint(ckpt_dir_);
-      if (found.ok()) path = *found;
-      else if (found.status().code() != StatusCode::kNotFound) local = found.status();
+      if (found.ok())
+        path = *found;
+      else if (found.status().code() != StatusCode::kNotFound)
+        local = found.status();
     } else {
       path = opt_.resume;
     }
@@ -385,20 +405,25 @@ Status Trainer::Resume() {
                                       "' (a different spec) but this run trains '" + spec_.name +
                                       "'; use another --out or --resume=never");
     } else if (gb != c.provenance.end() && gb->second != std::to_string(sampler_->global_batch())) {
-      local = FailedPreconditionError("checkpoint " + path + " was written with global batch " + gb->second +
-                                      " but this run has " + std::to_string(sampler_->global_batch()) +
+      local = FailedPreconditionError("checkpoint " + path + " was written with global batch " +
+                                      gb->second + " but this run has " +
+                                      std::to_string(sampler_->global_batch()) +
                                       " (ranks x --batch); exact resume needs the same");
     } else if (c.state.optimizer != optimizer_->name()) {
       local = FailedPreconditionError("checkpoint " + path + " holds '" + c.state.optimizer +
-                                      "' optimizer state but this run uses '" + optimizer_->name() + "'");
+                                      "' optimizer state but this run uses '" + optimizer_->name() +
+                                      "'");
     } else {
       local = net_->LoadParameters(c.weights).WithContext("checkpoint " + path);
-      if (local.ok()) local = optimizer_->RestoreState(net_->parameters(), c.optimizer_state).WithContext("checkpoint " + path);
+      if (local.ok())
+        local = optimizer_->RestoreState(net_->parameters(), c.optimizer_state)
+                    .WithContext("checkpoint " + path);
     }
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   net_->ParametersUpdated();
-  net_->SetTrainingStep(static_cast<uint64_t>(ckpt->state.step));  // same dropout masks as without a stop
+  net_->SetTrainingStep(
+      static_cast<uint64_t>(ckpt->state.step));  // same dropout masks as without a stop
   step_ = start_step_ = ckpt->state.step;
   samples_seen_ = ckpt->state.samples_seen;
   last_saved_step_ = step_;
@@ -407,15 +432,17 @@ Status Trainer::Resume() {
     // The run's seed fixes shuffling, augmentation and dropout; keep the checkpoint's so the
     // resumed run continues the same sequence.
     if (root()) {
-      CF_LOG(WARNING) << "--seed=" << seed_ << " ignored: resuming run seeded " << ckpt->state.rng_seed;
+      CF_LOG(WARNING) << "--seed=" << seed_ << " ignored: resuming run seeded "
+                      << ckpt->state.rng_seed;
     }
     seed_ = ckpt->state.rng_seed;
-    auto sampler = EpochSampler::Create(train_set_->size(), world_.size, world_.rank, opt_.batch, seed_,
-                                        opt_.shuffle);
+    auto sampler = EpochSampler::Create(train_set_->size(), world_.size, world_.rank, opt_.batch,
+                                        seed_, opt_.shuffle);
     sampler_ = std::make_unique<EpochSampler>(*sampler);
   }
   if (root()) {
-    CF_LOG(INFO) << "resumed from " << path << " at step " << step_ << " (epoch " << step_ / steps_per_epoch_ << ")";
+    CF_LOG(INFO) << "resumed from " << path << " at step " << step_ << " (epoch "
+                 << step_ / steps_per_epoch_ << ")";
   }
   return Status::Ok();
 }
@@ -518,7 +545,8 @@ StatusOr<ValResult> Trainer::Validate() {
     const size_t width = 1 + 2 * outputs;
     std::vector<size_t> order(all.size() / width);
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return all[a * width] < all[b * width]; });
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return all[a * width] < all[b * width]; });
     std::ostringstream csv;
     csv << "index";
     for (const auto& o : spec_.outputs) csv << ",true_" << o.name;
@@ -548,10 +576,11 @@ void Trainer::LogProgress(double window_loss) {
   const int64_t epoch = (step_ - 1) / steps_per_epoch_;
   char line[512];
   std::snprintf(line, sizeof(line),
-                "epoch %lld/%d step %lld/%lld loss %.5f lr %.3g samples/s %.2f data-wait %.1f%% comm %.1f%% ETA %s",
+                "epoch %lld/%d step %lld/%lld loss %.5f lr %.3g samples/s %.2f data-wait %.1f%% "
+                "comm %.1f%% ETA %s",
                 static_cast<long long>(epoch + 1), opt_.epochs, static_cast<long long>(step_),
-                static_cast<long long>(total_steps_), window_loss, lr_, sps, 100 * wait_frac, 100 * comm_frac,
-                FormatDuration(eta).c_str());
+                static_cast<long long>(total_steps_), window_loss, lr_, sps, 100 * wait_frac,
+                100 * comm_frac, FormatDuration(eta).c_str());
   CF_LOG(INFO) << line;
   LogRow row;
   row.kind = "train";
@@ -579,8 +608,8 @@ void Trainer::WriteSummary(const std::string& outcome) {
     for (double x : v) s += x;
     return s;
   };
-  const auto steps = tail(step_seconds_), waits = tail(data_wait_seconds_), comms = tail(comm_wait_seconds_),
-             spans = tail(comm_span_seconds_);
+  const auto steps = tail(step_seconds_), waits = tail(data_wait_seconds_),
+             comms = tail(comm_wait_seconds_), spans = tail(comm_span_seconds_);
   const double total = sum(steps);
   nlohmann::json j;
   j["outcome"] = outcome;
@@ -625,7 +654,8 @@ void Trainer::WriteSummary(const std::string& outcome) {
     j["val_loss"] = last_val_.loss;
     j["val_mae"] = last_val_.mae;
     nlohmann::json rel;
-    for (size_t o = 0; o < spec_.outputs.size(); ++o) rel[spec_.outputs[o].name] = last_val_.rel_err[o];
+    for (size_t o = 0; o < spec_.outputs.size(); ++o)
+      rel[spec_.outputs[o].name] = last_val_.rel_err[o];
     j["val_rel_err"] = rel;
   }
   const std::string path = (fs::path(opt_.out_dir) / "run.json").string();
@@ -642,11 +672,12 @@ int Trainer::Run() {
 
   if (root()) {
     CF_LOG(INFO) << "model " << spec_.name << " (" << spec_.NumParameters() << " parameters, "
-                 << PrecisionName(precision_) << "), " << world_.size << " ranks x batch " << opt_.batch
-                 << " = global batch " << sampler_->global_batch() << ", " << steps_per_epoch_
-                 << " steps/epoch, " << total_steps_ << " steps, recipe " << LrRecipeName(opt_.lr.recipe)
-                 << " (" << optimizer_->name() << ", peak lr " << schedule_->peak_lr() << "), "
-                 << reducer_->num_buckets() << " gradient buckets, " << reducer_->total_bytes() / 1e6
+                 << PrecisionName(precision_) << "), " << world_.size << " ranks x batch "
+                 << opt_.batch << " = global batch " << sampler_->global_batch() << ", "
+                 << steps_per_epoch_ << " steps/epoch, " << total_steps_ << " steps, recipe "
+                 << LrRecipeName(opt_.lr.recipe) << " (" << optimizer_->name() << ", peak lr "
+                 << schedule_->peak_lr() << "), " << reducer_->num_buckets()
+                 << " gradient buckets, " << reducer_->total_bytes() / 1e6
                  << " MB in all, allreduce " << opt_.allreduce;
   }
 
@@ -681,10 +712,12 @@ int Trainer::Run() {
     const auto t0 = Clock::now();
     double wait = 0;
     const PrefetchedBatch* batch = loader.Next(&wait);
-    Status local = batch ? batch->status : InternalError("input pipeline ended before step " + std::to_string(step_));
+    Status local = batch
+                       ? batch->status
+                       : InternalError("input pipeline ended before step " + std::to_string(step_));
     if (step_ == opt_.debug_die_at_step && world_.rank == opt_.debug_die_rank) {
-      std::fprintf(stderr, "cosmoflow-train: rank %d: --debug-die-at-step=%lld: dying now\n", world_.rank,
-                   static_cast<long long>(step_));
+      std::fprintf(stderr, "cosmoflow-train: rank %d: --debug-die-at-step=%lld: dying now\n",
+                   world_.rank, static_cast<long long>(step_));
       std::fflush(stderr);
       std::raise(SIGKILL);
     }
@@ -702,9 +735,11 @@ int Trainer::Run() {
     }
     if (any[0]) {
       loader.Release(batch);
-      CF_LOG(WARNING) << "stop requested" << (StopRequested() ? " (signal " + std::to_string(StopSignal()) + " here)" : "")
-                      << ": checkpointing at step " << step_ << " and exiting with " << kRequeueExitCode
-                      << " for requeue";
+      CF_LOG(WARNING) << "stop requested"
+                      << (StopRequested() ? " (signal " + std::to_string(StopSignal()) + " here)"
+                                          : "")
+                      << ": checkpointing at step " << step_ << " and exiting with "
+                      << kRequeueExitCode << " for requeue";
       Status s = SaveCheckpoint();
       WriteSummary(s.ok() ? "stopped" : "error");
       if (!s.ok()) return Fail(s);
@@ -713,7 +748,8 @@ int Trainer::Run() {
 
     lr_ = schedule_->At(step_);
     net_->Forward(batch->src.data(), pred.data());
-    window_loss += MseLoss(pred.data(), batch->labels.data(), static_cast<int64_t>(pred.size()), diff.data());
+    window_loss +=
+        MseLoss(pred.data(), batch->labels.data(), static_cast<int64_t>(pred.size()), diff.data());
     reducer_->BeginStep();
     net_->Backward(diff.data(), on_grad_ready);
     // Only now may the reader reuse the buffer: the first layer's weight gradient reads the input.
@@ -746,8 +782,9 @@ int Trainer::Run() {
       LogProgress(l[0] / std::max(1.0, l[1]));
       if (!std::isfinite(l[0])) {  // the same value on every rank, so all of them stop here
         WriteSummary("error");
-        return Fail(OutOfRangeError("training diverged: loss is " + std::to_string(l[0]) + " at step " +
-                                    std::to_string(step_) + " (lower --lr or check the data)"));
+        return Fail(OutOfRangeError("training diverged: loss is " + std::to_string(l[0]) +
+                                    " at step " + std::to_string(step_) +
+                                    " (lower --lr or check the data)"));
       }
       window_loss = window_time_ = window_wait_ = window_comm_ = 0;
       window_steps_ = 0;
@@ -755,7 +792,8 @@ int Trainer::Run() {
     if (check_every > 0 && step_ % check_every == 0) {
       if (!SameOnAllRanks(WeightsChecksum(params), world_.comm)) {
         WriteSummary("error");
-        return Fail(InternalError("weights differ between ranks after step " + std::to_string(step_)));
+        return Fail(
+            InternalError("weights differ between ranks after step " + std::to_string(step_)));
       }
     }
     if (val_set_ && (epoch_end || step_ == total_steps_)) {
@@ -768,9 +806,10 @@ int Trainer::Run() {
       have_val_ = true;
       if (root()) {
         std::ostringstream os;
-        os << "validation epoch " << (step_ - 1) / spe + 1 << ": loss " << val->loss << " MAE " << val->mae
-           << " (normalised), mean relative error";
-        for (size_t o = 0; o < outputs; ++o) os << " " << spec_.outputs[o].name << " " << 100 * val->rel_err[o] << "%";
+        os << "validation epoch " << (step_ - 1) / spe + 1 << ": loss " << val->loss << " MAE "
+           << val->mae << " (normalised), mean relative error";
+        for (size_t o = 0; o < outputs; ++o)
+          os << " " << spec_.outputs[o].name << " " << 100 * val->rel_err[o] << "%";
         os << " over " << val->count << " cubes";
         CF_LOG(INFO) << os.str();
         LogRow row;
@@ -800,14 +839,16 @@ int Trainer::Run() {
   if (!s.ok()) return Fail(s);
   WriteSummary("finished");
   if (root()) {
-    CF_LOG(INFO) << "training finished at step " << step_ << " in " << FormatDuration(Seconds(run_start_, Clock::now()));
+    CF_LOG(INFO) << "training finished at step " << step_ << " in "
+                 << FormatDuration(Seconds(run_start_, Clock::now()));
   }
   return kExitOk;
 }
 
 }  // namespace
 
-int RunTraining(const TrainerOptions& options, const MpiWorld& world, const std::string& command_line) {
+int RunTraining(const TrainerOptions& options, const MpiWorld& world,
+                const std::string& command_line) {
   Trainer trainer(options, world, command_line);
   return trainer.Run();
 }

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
     for (int r = 0; r < repeats + 2; ++r) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
-      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
       const double t = MPI_Wtime() - t0;
       if (r >= 2) times.push_back(t);
     }
@@ -34,8 +35,10 @@ int main(int argc, char** argv) {
     const double median = times[times.size() / 2];
     const double bytes = static_cast<double>(n) * 4;
     if (rank == 0) {
-      std::printf("%s  {\"bytes\": %.0f, \"median_s\": %.6g, \"min_s\": %.6g, \"algbw_gb_s\": %.3f}", first ? "" : ",\n",
-                  bytes, median, times.front(), 2.0 * (size - 1) / size * bytes / median / 1e9);
+      std::printf(
+          "%s  {\"bytes\": %.0f, \"median_s\": %.6g, \"min_s\": %.6g, \"algbw_gb_s\": %.3f}",
+          first ? "" : ",\n", bytes, median, times.front(),
+          2.0 * (size - 1) / size * bytes / median / 1e9);
       first = false;
     }
   }

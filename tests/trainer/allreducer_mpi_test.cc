@@ -62,7 +62,8 @@ TEST_P(GradientAllreducerTest, AveragesEveryGradientAcrossRanksInSeveralBuckets)
     for (size_t i = 0; i < f.grads.size(); ++i) {
       for (size_t j = 0; j < f.grads[i].size(); j += 97) {
         const float expect = mean_factor * (j % 13) + i + step;
-        ASSERT_FLOAT_EQ(f.grads[i][j], expect) << "param " << i << " element " << j << " step " << step;
+        ASSERT_FLOAT_EQ(f.grads[i][j], expect)
+            << "param " << i << " element " << j << " step " << step;
       }
     }
     EXPECT_GE(reducer.last_wait_seconds(), 0.0);
@@ -70,7 +71,8 @@ TEST_P(GradientAllreducerTest, AveragesEveryGradientAcrossRanksInSeveralBuckets)
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GradientAllreducerTest,
-                         ::testing::Values(GradientAllreducer::Mode::kThread, GradientAllreducer::Mode::kNonblocking));
+                         ::testing::Values(GradientAllreducer::Mode::kThread,
+                                           GradientAllreducer::Mode::kNonblocking));
 
 TEST(MpiUtilTest, AnErrorOnOneRankReachesEveryRank) {
   Status mine = Rank() == 1 ? NotFoundError("/data/x.h5: no such file") : Status::Ok();

@@ -7,7 +7,8 @@ namespace {
 
 TEST(LrRecipeTest, MlperfScalesWarmsUpAndDecaysInSteps) {
   LrRecipeConfig c;  // base 0.001 at batch 64, warmup 4 epochs, x0.25 at 32, x0.125 at 64
-  auto s = LrRecipeSchedule::Create(c, /*global_batch=*/256, /*steps_per_epoch=*/10, /*total=*/1000);
+  auto s =
+      LrRecipeSchedule::Create(c, /*global_batch=*/256, /*steps_per_epoch=*/10, /*total=*/1000);
   ASSERT_TRUE(s.ok());
   EXPECT_DOUBLE_EQ(s->peak_lr(), 0.004);
   EXPECT_DOUBLE_EQ(s->At(0), 0.001);

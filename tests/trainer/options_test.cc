@@ -17,8 +17,8 @@ StatusOr<TrainerOptions> Parse(std::vector<std::string> args, bool* help = nullp
 }
 
 TEST(TrainerOptionsTest, ParsesFlagsBothSpellingsAndRecipeDefaults) {
-  auto o = Parse({"--train=/d", "--out", "/o", "--batch=8", "--recipe=sc18", "--augment", "--lr", "0.01",
-                  "--decay-epochs=3,6", "--decay-factors=0.5,0.1", "--shuffle=shard"});
+  auto o = Parse({"--train=/d", "--out", "/o", "--batch=8", "--recipe=sc18", "--augment", "--lr",
+                  "0.01", "--decay-epochs=3,6", "--decay-factors=0.5,0.1", "--shuffle=shard"});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->train_path, "/d");
   EXPECT_EQ(o->out_dir, "/o");

@@ -139,7 +139,8 @@ TEST_F(PrefetchLoaderTest, MissingParameterNamesAreAnError) {
   spec.outputs = CosmoFlowOutputs(4);  // wants H0 too
   auto m = MakeLabelMap(spec, dataset_->info(), "--train x.h5");
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("lack the model output 'H0'"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("lack the model output 'H0'"), std::string::npos)
+      << m.status().message();
   EXPECT_NE(m.status().message().find("--train x.h5"), std::string::npos);
 }
 

@@ -56,7 +56,8 @@ TEST(EpochSamplerTest, ShardModeKeepsEachRankInsideItsBlock) {
     std::set<int64_t> block(mine.begin(), mine.end());
     for (int e = 0; e < 2; ++e) {
       for (int k = 0; k < s->steps_per_epoch(); ++k) {
-        for (int64_t i : s->LocalBatch(e, k)) EXPECT_TRUE(block.count(i)) << "rank " << rank << " read " << i;
+        for (int64_t i : s->LocalBatch(e, k))
+          EXPECT_TRUE(block.count(i)) << "rank " << rank << " read " << i;
       }
     }
   }

@@ -74,13 +74,16 @@ class TrainerE2ETest : public ::testing::Test {
     dir_ = ::mkdtemp(tmpl);
   }
   void TearDown() override {
-    if (!HasFailure()) std::system(("rm -rf '" + dir_ + "'").c_str());
-    else std::fprintf(stderr, "kept %s for inspection\n", dir_.c_str());
+    if (!HasFailure())
+      std::system(("rm -rf '" + dir_ + "'").c_str());
+    else
+      std::fprintf(stderr, "kept %s for inspection\n", dir_.c_str());
   }
 
   static void Make(const std::string& path, int n, int side, int seed) {
-    const std::string cmd = std::string(CF_MAKE_DATASET_BIN) + " " + path + " " + std::to_string(n) + " " +
-                            std::to_string(side) + " " + std::to_string(seed);
+    const std::string cmd = std::string(CF_MAKE_DATASET_BIN) + " " + path + " " +
+                            std::to_string(n) + " " + std::to_string(side) + " " +
+                            std::to_string(seed);
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
 
@@ -93,7 +96,8 @@ class TrainerE2ETest : public ::testing::Test {
   // Runs a command with a hard timeout; stderr is captured (stdout too, into the same file).
   RunResult Run(const std::string& cmd, int timeout_s = 90) {
     const std::string err = dir_ + "/stderr.txt";
-    const std::string full = "timeout -k 5 " + std::to_string(timeout_s) + " sh -c '" + cmd + "' > " + err + " 2>&1";
+    const std::string full =
+        "timeout -k 5 " + std::to_string(timeout_s) + " sh -c '" + cmd + "' > " + err + " 2>&1";
     const auto t0 = std::chrono::steady_clock::now();
     const int status = std::system(full.c_str());
     RunResult r;
@@ -104,7 +108,9 @@ class TrainerE2ETest : public ::testing::Test {
   }
 
   RunResult Train(int ranks, const std::string& out, const std::string& flags, int timeout_s = 90) {
-    return Run(Mpirun(ranks) + " --train=" + data_ + "/train.h5 --out=" + out + " --log-every=1 " + flags, timeout_s);
+    return Run(
+        Mpirun(ranks) + " --train=" + data_ + "/train.h5 --out=" + out + " --log-every=1 " + flags,
+        timeout_s);
   }
 
   static Checkpoint Latest(const std::string& out) {
@@ -123,8 +129,10 @@ class TrainerE2ETest : public ::testing::Test {
     for (size_t i = 0; i < a.weights.size() && i < b.weights.size(); ++i) {
       EXPECT_EQ(a.weights[i].name, b.weights[i].name);
       for (size_t j = 0; j < a.weights[i].data.size(); ++j) {
-        if (!std::isfinite(a.weights[i].data[j]) || !std::isfinite(b.weights[i].data[j])) return INFINITY;
-        max_diff = std::max(max_diff, std::fabs(double(a.weights[i].data[j]) - b.weights[i].data[j]));
+        if (!std::isfinite(a.weights[i].data[j]) || !std::isfinite(b.weights[i].data[j]))
+          return INFINITY;
+        max_diff =
+            std::max(max_diff, std::fabs(double(a.weights[i].data[j]) - b.weights[i].data[j]));
         max_abs = std::max(max_abs, std::fabs(double(a.weights[i].data[j])));
       }
     }
@@ -137,7 +145,8 @@ class TrainerE2ETest : public ::testing::Test {
 std::string TrainerE2ETest::data_;
 
 TEST_F(TrainerE2ETest, TwoRanksOfBatchBGiveTheWeightsOfOneRankOfBatch2B) {
-  const std::string common = " --spec=" + data_ + "/nodrop.json --epochs=2 --recipe=constant --lr=0.0003 --seed=3";
+  const std::string common =
+      " --spec=" + data_ + "/nodrop.json --epochs=2 --recipe=constant --lr=0.0003 --seed=3";
   RunResult two = Train(2, dir_ + "/two", "--batch=4" + common);
   ASSERT_EQ(two.exit_code, 0) << two.err;
   RunResult one = Train(1, dir_ + "/one", "--batch=8" + common);
@@ -150,7 +159,8 @@ TEST_F(TrainerE2ETest, TwoRanksOfBatchBGiveTheWeightsOfOneRankOfBatch2B) {
   EXPECT_EQ(a.provenance["ranks"], "2");
   const double same = RelativeDifference(a, b), different = RelativeDifference(a, c);
   EXPECT_LT(same, 1e-4) << "2 x 4 vs 1 x 8";
-  EXPECT_GT(different, 100 * same) << "a run on other batches must differ (the comparison can fail)";
+  EXPECT_GT(different, 100 * same)
+      << "a run on other batches must differ (the comparison can fail)";
   EXPECT_GT(different, 1e-3);
 }
 
@@ -158,7 +168,8 @@ TEST_F(TrainerE2ETest, ResumingAfterAStopGivesTheSameWeightsAsAnUninterruptedRun
   // tiny32 with dropout, Adam with linear decay (sc18 recipe), augmentation: every piece of state
   // (weights, moments, step, sampler position, dropout masks, symmetries) must be restored.
   const std::string common =
-      " --spec=tiny32 --batch=2 --epochs=3 --recipe=sc18 --lr=0.003 --end-lr=0.0003 --augment --seed=11"
+      " --spec=tiny32 --batch=2 --epochs=3 --recipe=sc18 --lr=0.003 --end-lr=0.0003 --augment "
+      "--seed=11"
       " --deterministic --check-weights-every=1";
   RunResult full = Train(2, dir_ + "/full", common);
   ASSERT_EQ(full.exit_code, 0) << full.err;
@@ -180,8 +191,10 @@ TEST_F(TrainerE2ETest, ResumingAfterAStopGivesTheSameWeightsAsAnUninterruptedRun
 }
 
 TEST_F(TrainerE2ETest, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
-  const std::string common = " --spec=tiny32 --batch=2 --recipe=constant --lr=0.01 --checkpoint-every=4";
-  RunResult r = Train(2, dir_ + "/run", "--epochs=1" + common);  // steps 4, 8 -> checkpoints 4 and 8
+  const std::string common =
+      " --spec=tiny32 --batch=2 --recipe=constant --lr=0.01 --checkpoint-every=4";
+  RunResult r =
+      Train(2, dir_ + "/run", "--epochs=1" + common);  // steps 4, 8 -> checkpoints 4 and 8
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string latest = dir_ + "/run/checkpoints/ckpt-000000008.h5";
   ASSERT_TRUE(fs::exists(latest));
@@ -245,9 +258,10 @@ bool WaitForFileContaining(const std::string& path, const std::string& needle, d
 
 TEST_F(TrainerE2ETest, Sigusr1OnOneRankCheckpointsAndExitsCleanlyOnBothRanks) {
   const std::string out = dir_ + "/run", log = dir_ + "/job.log";
-  const pid_t job = Spawn(Mpirun(2) + " --train=" + data_ + "/train.h5 --out=" + out +
-                              " --spec=tiny32 --batch=2 --epochs=50 --log-every=1 --debug-step-sleep=0.05",
-                          log);
+  const pid_t job =
+      Spawn(Mpirun(2) + " --train=" + data_ + "/train.h5 --out=" + out +
+                " --spec=tiny32 --batch=2 --epochs=50 --log-every=1 --debug-step-sleep=0.05",
+            log);
   ASSERT_TRUE(WaitForFileContaining(out + "/train_log.csv", "\ntrain,0,3,", 60)) << ReadFile(log);
   std::vector<pid_t> ranks = Children(job);
   ASSERT_EQ(ranks.size(), 2u) << "mpirun's children";
@@ -264,12 +278,14 @@ TEST_F(TrainerE2ETest, Sigusr1OnOneRankCheckpointsAndExitsCleanlyOnBothRanks) {
   // The requeued job continues from there.
   RunResult more = Train(2, out, "--spec=tiny32 --batch=2 --epochs=2");
   EXPECT_EQ(more.exit_code, 0) << more.err;
-  EXPECT_NE(more.err.find("at step " + std::to_string(c.state.step)), std::string::npos) << more.err;
+  EXPECT_NE(more.err.find("at step " + std::to_string(c.state.step)), std::string::npos)
+      << more.err;
 }
 
 TEST_F(TrainerE2ETest, ARankThatDiesMakesTheJobFailPromptly) {
-  RunResult r = Train(2, dir_ + "/run", "--spec=tiny32 --batch=2 --epochs=100 --debug-die-at-step=3 --debug-die-rank=1",
-                      60);
+  RunResult r =
+      Train(2, dir_ + "/run",
+            "--spec=tiny32 --batch=2 --epochs=100 --debug-die-at-step=3 --debug-die-rank=1", 60);
   EXPECT_NE(r.exit_code, 0) << r.err;
   EXPECT_NE(r.exit_code, 124) << "timed out instead of failing: " << r.err;
   EXPECT_LT(r.seconds, 30);
@@ -281,9 +297,10 @@ TEST_F(TrainerE2ETest, KillDashNineDuringSavesNeverLeavesALoadableBrokenCheckpoi
   const std::string out = dir_ + "/run";
   for (int round = 0; round < 8; ++round) {
     const std::string log = dir_ + "/job" + std::to_string(round) + ".log";
-    const pid_t job = Spawn(Mpirun(1) + " --train=" + data_ + "/train.h5 --out=" + out +
-                                " --spec=tiny32 --batch=2 --epochs=100 --checkpoint-every=1 --keep-checkpoints=1000",
-                            log);
+    const pid_t job = Spawn(
+        Mpirun(1) + " --train=" + data_ + "/train.h5 --out=" + out +
+            " --spec=tiny32 --batch=2 --epochs=100 --checkpoint-every=1 --keep-checkpoints=1000",
+        log);
     ASSERT_TRUE(WaitForFileContaining(log, "checkpoint ", 60)) << ReadFile(log);
     // Spread the kills over the next several steps, each of which ends with a save.
     std::this_thread::sleep_for(std::chrono::milliseconds(97 * round + 13));
@@ -306,14 +323,16 @@ TEST_F(TrainerE2ETest, KillDashNineDuringSavesNeverLeavesALoadableBrokenCheckpoi
   for (const auto& e : fs::directory_iterator(out + "/checkpoints")) {
     leftovers += e.path().filename().string().find(".tmp") != std::string::npos;
   }
-  std::fprintf(stderr, "%d checkpoints, %d temporary files left by kills during a save\n", final_files, leftovers);
+  std::fprintf(stderr, "%d checkpoints, %d temporary files left by kills during a save\n",
+               final_files, leftovers);
   // A save cut short at any byte must not load even if it were under a final name: the reader's
   // verification (checksum, structure) is the second line of defence behind the rename.
   const std::string good = out + "/checkpoints/ckpt-000000001.h5";
   const std::string bytes = ReadFile(good);
   for (size_t cut : {bytes.size() / 3, bytes.size() / 2, bytes.size() - 100}) {
     const std::string broken = out + "/checkpoints/ckpt-900000000.h5";
-    std::ofstream(broken, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(cut));
+    std::ofstream(broken, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(cut));
     EXPECT_FALSE(ReadCheckpoint(broken).ok()) << "truncated to " << cut << " bytes";
     auto chosen = FindLatestCheckpoint(out + "/checkpoints");
     ASSERT_TRUE(chosen.ok());
@@ -338,14 +357,20 @@ TEST_F(TrainerE2ETest, BadInputGivesOneClearLineAndANonZeroExit) {
     int code;
     std::string needle;
   } cases[] = {
-      {"--train=/nonexistent/data.h5 --out=" + dir_ + "/o1 --spec=tiny32", 1, "/nonexistent/data.h5"},
+      {"--train=/nonexistent/data.h5 --out=" + dir_ + "/o1 --spec=tiny32", 1,
+       "/nonexistent/data.h5"},
       {"--train=" + dir_ + "/empty --out=" + dir_ + "/o2 --spec=tiny32", 1, dir_ + "/empty"},
       {"--train=" + dir_ + "/mixed --out=" + dir_ + "/o3 --spec=tiny32", 1, "b.h5"},
-      {"--train=" + data_ + "/small16.h5 --out=" + dir_ + "/o4 --spec=tiny32", 1, "cubes are 1x16x16x16"},
+      {"--train=" + data_ + "/small16.h5 --out=" + dir_ + "/o4 --spec=tiny32", 1,
+       "cubes are 1x16x16x16"},
       {"--train=" + data_ + "/train.h5 --out=" + dir_ + "/o5 --spec=nosuchmodel", 1, "nosuchmodel"},
-      {"--train=" + data_ + "/train.h5 --out=" + dir_ + "/o6 --batch=banana", 2, "--batch=banana: not an integer"},
-      {"--train=" + data_ + "/train.h5 --out=" + dir_ + "/o7 --spec=tiny32 --batch=64", 1, "fewer than one global batch"},
-      {"--train=" + data_ + "/train.h5 --out=" + dir_ + "/o8 --spec=tiny32 --resume=/nonexistent.h5", 1, "/nonexistent.h5"},
+      {"--train=" + data_ + "/train.h5 --out=" + dir_ + "/o6 --batch=banana", 2,
+       "--batch=banana: not an integer"},
+      {"--train=" + data_ + "/train.h5 --out=" + dir_ + "/o7 --spec=tiny32 --batch=64", 1,
+       "fewer than one global batch"},
+      {"--train=" + data_ + "/train.h5 --out=" + dir_ +
+           "/o8 --spec=tiny32 --resume=/nonexistent.h5",
+       1, "/nonexistent.h5"},
   };
   for (const auto& c : cases) {
     RunResult r = Run(Mpirun(2) + " " + c.args, 60);
@@ -355,7 +380,8 @@ TEST_F(TrainerE2ETest, BadInputGivesOneClearLineAndANonZeroExit) {
     EXPECT_LT(r.seconds, 30) << c.args;
   }
   // A checkpoint of another model in the run directory is refused, not loaded.
-  RunResult first = Train(2, dir_ + "/o9", "--spec=" + data_ + "/nodrop.json --batch=4 --max-steps=2");
+  RunResult first =
+      Train(2, dir_ + "/o9", "--spec=" + data_ + "/nodrop.json --batch=4 --max-steps=2");
   ASSERT_EQ(first.exit_code, 0) << first.err;
   RunResult other = Train(2, dir_ + "/o9", "--spec=tiny32 --batch=4");
   EXPECT_EQ(other.exit_code, 1) << other.err;
@@ -365,20 +391,30 @@ TEST_F(TrainerE2ETest, BadInputGivesOneClearLineAndANonZeroExit) {
 
 TEST_F(TrainerE2ETest, ValidationWritesMetricsPredictionsAndPlots) {
   const std::string out = dir_ + "/run";
-  RunResult r = Train(2, out, "--spec=tiny32 --batch=2 --epochs=2 --val=" + data_ + "/val.h5 --augment --stage=memory");
+  RunResult r = Train(
+      2, out,
+      "--spec=tiny32 --batch=2 --epochs=2 --val=" + data_ + "/val.h5 --augment --stage=memory");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(CountLines(r.err, "validation epoch"), 2) << r.err;
   const std::string log = ReadFile(out + "/train_log.csv");
-  EXPECT_EQ(log.rfind("kind,epoch,step,samples_seen,lr,loss,mae,rel_err_Omega_M,rel_err_sigma_8,rel_err_n_s,", 0), 0u);
+  EXPECT_EQ(
+      log.rfind(
+          "kind,epoch,step,samples_seen,lr,loss,mae,rel_err_Omega_M,rel_err_sigma_8,rel_err_n_s,",
+          0),
+      0u);
   EXPECT_EQ(CountLines(log, "val,"), 2);
   // 8 validation cubes split over 2 ranks, gathered and sorted on rank 0.
   const std::string pred = ReadFile(out + "/val_predictions.csv");
   EXPECT_EQ(CountLines(pred, ","), 9) << pred;
-  EXPECT_EQ(pred.rfind("index,true_Omega_M,true_sigma_8,true_n_s,pred_Omega_M,pred_sigma_8,pred_n_s\n0,", 0), 0u) << pred;
+  EXPECT_EQ(
+      pred.rfind("index,true_Omega_M,true_sigma_8,true_n_s,pred_Omega_M,pred_sigma_8,pred_n_s\n0,",
+                 0),
+      0u)
+      << pred;
   const std::string summary = ReadFile(out + "/run.json");
   EXPECT_NE(summary.find("\"val_rel_err\""), std::string::npos) << summary;
-  const std::string cmd = "/usr/bin/python3 " COSMOFLOW_SOURCE_DIR "/tools/plot_training.py " + out + " > " + dir_ +
-                          "/plot.txt 2>&1";
+  const std::string cmd = "/usr/bin/python3 " COSMOFLOW_SOURCE_DIR "/tools/plot_training.py " +
+                          out + " > " + dir_ + "/plot.txt 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir_ + "/plot.txt");
   for (const char* png : {"/loss_curves.png", "/pred_vs_true.png"}) {
     const std::string bytes = ReadFile(out + png);
