@@ -423,5 +423,26 @@ TEST_F(TrainerE2ETest, ValidationWritesMetricsPredictionsAndPlots) {
   }
 }
 
+TEST_F(TrainerE2ETest, StagingToALocalDirectoryWithShardShufflingTrains) {
+  const std::string out = dir_ + "/run", stage = dir_ + "/local";
+  RunResult r = Train(2, out,
+                      "--spec=tiny32 --batch=2 --epochs=2 --shuffle=shard --stage=" + stage +
+                          " --val=" + data_ + "/val.h5 --allreduce=nonblocking");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // One copy per node, made by local rank 0, under the stage directory; training read from it.
+  EXPECT_TRUE(fs::exists(stage + "/cosmoflow-stage-train/train.h5"));
+  EXPECT_TRUE(fs::exists(stage + "/cosmoflow-stage-val/val.h5"));
+  EXPECT_EQ(fs::file_size(stage + "/cosmoflow-stage-train/train.h5"),
+            fs::file_size(data_ + "/train.h5"));
+  Checkpoint c = Latest(out);
+  EXPECT_EQ(c.state.step, 16);  // 32 samples in 2 blocks of 16, batch 2 per rank, 2 epochs
+  EXPECT_NE(ReadFile(out + "/run.json").find("\"allreduce\": \"nonblocking\""), std::string::npos);
+  // A stage directory that cannot be created is bad input, not a crash.
+  RunResult bad = Train(2, dir_ + "/run2", "--spec=tiny32 --batch=2 --stage=/proc/forbidden");
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_EQ(CountLines(bad.err, "cosmoflow-train: error:"), 1) << bad.err;
+  EXPECT_NE(bad.err.find("--stage=/proc/forbidden"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace cosmoflow
