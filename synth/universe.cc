@@ -309,7 +309,7 @@ struct UniverseGenerator::Impl {
         for (int de = 0; de < 2; ++de) {
           const int64_t e = wrap(e0 + de);
           const double we = de ? tw : 1 - tw;
-          grid[(a * g + b) * g + e] += std::llround(wa * wb * we * kMassOne);
+          grid[(a * g + b) * g + e] += static_cast<int64_t>(wa * wb * we * kMassOne + 0.5);
         }
       }
     }
