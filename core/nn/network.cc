@@ -220,7 +220,7 @@ bool IsRef(const char* impl) { return std::string(impl).rfind("ref", 0) == 0; }
 // Whether oneDNN has non-reference backward kernels for a conv with this concrete src layout.
 bool BackwardIsJit(Ctx& c, const memory::desc& src_md, const dnnl::convolution_forward::primitive_desc& fwd_pd,
                    int64_t oc, int64_t ic, int64_t k, const memory::desc& b_md, const Dims& strides,
-                   const Dims& padl, const Dims& padr) {
+                   const Dims& padl, const Dims& padr, bool need_bwd_data = true) {
   auto w = dnnl::convolution_backward_weights::primitive_desc(
       dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md,
                                                memory::desc({oc, ic, k, k, k}, Dt::f32, Tag::any), b_md,
@@ -231,13 +231,14 @@ bool BackwardIsJit(Ctx& c, const memory::desc& src_md, const dnnl::convolution_f
                                             memory::desc({oc, ic, k, k, k}, c.dt, Tag::any), fwd_pd.dst_desc(),
                                             strides, padl, padr),
       c.eng, fwd_pd);
-  return !IsRef(w.impl_info_str()) && !IsRef(d.impl_info_str());
+  return !IsRef(w.impl_info_str()) && (!need_bwd_data || !IsRef(d.impl_info_str()));
 }
 
 class ConvOp : public Op {
  public:
+  // first_op: the network's first op never runs backward-data (no gradient for the input cube).
   ConvOp(std::string name, Ctx& c, const memory::desc& in_md, const memory& in, const LayerSpec& l,
-         bool fuse_leaky, float alpha, ParamStore& w, ParamStore& b, int w_index)
+         bool fuse_leaky, float alpha, ParamStore& w, ParamStore& b, int w_index, bool first_op)
       : Op(std::move(name)) {
     src_md = in_md;
     src = in;
@@ -260,32 +261,44 @@ class ConvOp : public Op {
     memory::desc b_md({oc}, Dt::f32, Tag::x);
     memory::desc d_any({n, oc, out, out, out}, c.dt, Tag::any);
     auto prop = c.training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
-    auto make_fwd = [&](const memory::desc& s_md) {
+    auto make_fwd = [&](const memory::desc& s_md, const memory::desc& d_md) {
       return dnnl::convolution_forward::primitive_desc(
-          dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, s_md, w_any, b_md, d_any,
+          dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, s_md, w_any, b_md, d_md,
                                           strides, padl, padr),
           LeakyAttr(fuse_leaky, alpha), c.eng);
     };
     // Take the incoming layout when real kernels handle it (forward, and in training both backward
     // passes); if oneDNN would fall back to its reference loops, let it choose the src layout and
     // reorder into it (and diff_src back).
-    fwd_pd_ = make_fwd(src_md);
+    fwd_pd_ = make_fwd(src_md, d_any);
     conv_src_md_ = src_md;
     conv_src_ = src;
     auto all_real = [&](const dnnl::convolution_forward::primitive_desc& pd, const memory::desc& s_md) {
       return !IsRef(pd.impl_info_str()) &&
-             (!c.training || BackwardIsJit(c, s_md, pd, oc, ic, k, b_md, strides, padl, padr));
+             (!c.training || BackwardIsJit(c, s_md, pd, oc, ic, k, b_md, strides, padl, padr, !first_op));
     };
     if (!all_real(fwd_pd_, src_md)) {
-      // oneDNN's own choice first, then the usual blocked / channels-last / planar layouts.
-      fwd_pd_ = make_fwd(memory::desc(in_dims, c.dt, Tag::any));
+      // oneDNN's own choice first, then the usual blocked / channels-last / planar layouts for src
+      // and dst (e.g. a 4-channel fp32 training conv has a jit backward-weights only for ndhwc/ndhwc).
+      fwd_pd_ = make_fwd(memory::desc(in_dims, c.dt, Tag::any), d_any);
       if (!all_real(fwd_pd_, fwd_pd_.src_desc())) {
-        for (Tag t : {Tag::nCdhw16c, Tag::nCdhw8c, Tag::ndhwc, Tag::ncdhw}) {
-          auto pd = make_fwd(memory::desc(in_dims, c.dt, t));
-          if (all_real(pd, pd.src_desc())) {
-            fwd_pd_ = pd;
-            break;
+        bool found = false;
+        const Dims out_dims = {n, oc, out, out, out};
+        for (Tag dt_tag : {Tag::any, Tag::ndhwc, Tag::nCdhw16c}) {
+          for (Tag t : {Tag::any, Tag::nCdhw16c, Tag::nCdhw8c, Tag::ndhwc, Tag::ncdhw}) {
+            dnnl::convolution_forward::primitive_desc pd;
+            try {
+              pd = make_fwd(memory::desc(in_dims, c.dt, t), memory::desc(out_dims, c.dt, dt_tag));
+            } catch (const dnnl::error&) {
+              continue;  // no implementation at all for this pair
+            }
+            if (all_real(pd, pd.src_desc())) {
+              fwd_pd_ = pd;
+              found = true;
+              break;
+            }
           }
+          if (found) break;
         }
       }
       if (fwd_pd_.src_desc() != src_md) {
@@ -872,7 +885,7 @@ Status NetworkImpl::Build(const ModelSpec& spec, const NetworkOptions& options) 
         int w = AddParam(nm + ".weights", {l.filters, ic, l.kernel, l.kernel, l.kernel});
         AddParam(nm + ".bias", {l.filters});
         op = std::make_unique<ConvOp>(nm + (fuse ? "+leaky" : ""), ctx_, cur_md, cur, l, fuse, alpha, *stores_[w],
-                                      *stores_[w + 1], w);
+                                      *stores_[w + 1], w, ops_.empty());
         if (fuse) ++li;
         break;
       }

@@ -113,22 +113,28 @@ TEST(NetworkFirstBlockTest, FusedAndGenericPathsAgree) {
   }
 }
 
-TEST(NetworkTest, WholeNetworksMatchReference) {
-  for (const char* name : {"tiny32", "small64", "mlperf64"}) {
+TEST(NetworkTest, SmallNetworksMatchReference) {
+  for (const char* name : {"tiny32", "small64"}) {
     SCOPED_TRACE(name);
     ExpectForwardMatchesReference(*BuiltinSpec(name), 2, 2e-4);
   }
 }
 
-TEST(NetworkTest, Sc18FullSizeForwardMatchesReference) {
-  // The headline network at its real 128^3 size, one sample (about 21 GFLOP in the naive reference).
-  ExpectForwardMatchesReference(*BuiltinSpec("sc18"), 1, 2e-4);
+TEST(NetworkTest, Mlperf64MatchesReference) { ExpectForwardMatchesReference(*BuiltinSpec("mlperf64"), 1, 2e-4); }
+
+TEST(NetworkTest, Sc18LayersOnSmallInputMatchReference) {
+  // The sc18 layer stack on 108^3, the smallest input it accepts (the conv tail ends at 1^3, so
+  // dense0 has 256 inputs instead of 2048): every sc18 layer shape but 40% of the reference cost.
+  ModelSpec spec = *BuiltinSpec("sc18");
+  spec.input_side = 108;
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  ExpectForwardMatchesReference(spec, 1, 2e-4);
 }
 
 TEST(NetworkTest, TinyEndToEndGradientCheck) {
   ModelSpec spec = *BuiltinSpec("tiny32");
   spec.layers.erase(spec.layers.begin() + 11);  // dropout draws a new mask per forward
-  ExpectGradientsMatchFiniteDifferences(spec, 2, 12);
+  ExpectGradientsMatchFiniteDifferences(spec, 2, 6);
 }
 
 TEST(NetworkTest, ParameterCountsOfTheBuiltinNetworks) {
