@@ -50,6 +50,27 @@ inline void ConvChunk(const float* x, int64_t s, int k, int d, int h, int w0, co
   }
 }
 
+// Same with the kernel size known at compile time, so the 27 (for 3^3) taps unroll fully.
+template <int K, int NB>
+inline void ConvChunkK(const float* x, int64_t s, int d, int h, int w0, const float* wt, __m512 bias,
+                       __m512* acc) {
+  for (int j = 0; j < NB; ++j) acc[j] = bias;
+#pragma GCC unroll 8
+  for (int kd = 0; kd < K; ++kd) {
+#pragma GCC unroll 8
+    for (int kh = 0; kh < K; ++kh) {
+      const float* xr = x + ((d + kd) * s + (h + kh)) * s + w0;
+      const float* wr = wt + (kd * K + kh) * K * kLanes;
+#pragma GCC unroll 8
+      for (int kw = 0; kw < K; ++kw) {
+        const __m512 wv = _mm512_load_ps(wr + kw * kLanes);
+#pragma GCC unroll 16
+        for (int j = 0; j < NB; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(xr[j + kw]), wv, acc[j]);
+      }
+    }
+  }
+}
+
 inline void ConvChunkTail(const float* x, int64_t s, int k, int d, int h, int w0, int nb, const float* wt,
                           __m512 bias, __m512* acc) {
   for (int j = 0; j < nb; ++j) acc[j] = bias;
@@ -192,7 +213,13 @@ void FirstBlockKernel::Forward(const float* src, const float* weights, const flo
           for (int w0 = 0; w0 < qp; w0 += kChunk) {
             const int nb = std::min(kChunk, qp - w0);
             __m512 acc[kChunk];
-            if (nb == kChunk) {
+            if (nb == kChunk && k == 3) {
+              ConvChunkK<3, kChunk>(x, s, d, h, w0, wt, bias_v, acc);
+            } else if (nb == kChunk && k == 2) {
+              ConvChunkK<2, kChunk>(x, s, d, h, w0, wt, bias_v, acc);
+            } else if (nb == kChunk && k == 4) {
+              ConvChunkK<4, kChunk>(x, s, d, h, w0, wt, bias_v, acc);
+            } else if (nb == kChunk) {
               ConvChunk<kChunk>(x, s, k, d, h, w0, wt, bias_v, acc);
             } else {
               ConvChunkTail(x, s, k, d, h, w0, nb, wt, bias_v, acc);
