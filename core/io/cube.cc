@@ -90,17 +90,9 @@ Cube ChannelLastToFirst(const void* src, CubeShape shape, DType dtype) {
   const size_t es = DTypeSize(dtype);
   const auto* s = static_cast<const uint8_t*>(src);
   auto* d = static_cast<uint8_t*>(cube.raw());
-  if (es == 2) {
-    const auto* s16 = reinterpret_cast<const int16_t*>(s);
-    auto* d16 = reinterpret_cast<int16_t*>(d);
-    for (int64_t v = 0; v < voxels; ++v)
-      for (int ch = 0; ch < c; ++ch) d16[ch * voxels + v] = s16[v * c + ch];
-  } else {
-    const auto* s32 = reinterpret_cast<const float*>(s);
-    auto* d32 = reinterpret_cast<float*>(d);
-    for (int64_t v = 0; v < voxels; ++v)
-      for (int ch = 0; ch < c; ++ch) d32[ch * voxels + v] = s32[v * c + ch];
-  }
+  // memcpy loads: `src` may sit at any address (e.g. inside a protobuf record), so no typed reads.
+  for (int64_t v = 0; v < voxels; ++v)
+    for (int ch = 0; ch < c; ++ch) std::memcpy(d + (ch * voxels + v) * es, s + (v * c + ch) * es, es);
   return cube;
 }
 
