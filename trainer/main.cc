@@ -8,9 +8,14 @@
 #include "core/base/log.h"
 #include "trainer/mpi_util.h"
 #include "trainer/options.h"
+#include "trainer/signals.h"
 #include "trainer/trainer.h"
 
 int main(int argc, char** argv) {
+  // First thing: Slurm's --signal may arrive while MPI is still starting (on a loaded node, or a
+  // requeued job whose warning time has already passed); the default action of SIGUSR1 would kill
+  // the rank and fail the job instead of checkpointing at the first step boundary.
+  cosmoflow::InstallStopSignalHandlers();
   // MPI is called by the training thread and, during backward only, by the gradient
   // communication thread, never at the same time (SERIALIZED); the prefetch thread never calls it.
   int provided = 0;

@@ -66,7 +66,10 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket.2
+# cred_expire is also how long a requeued job waits before it may start again (default 120 s):
+# starting it sooner fails the job with "Job credential revoked" (the old run's credential is
+# still revoked on slurmd). 30 s keeps the requeue test short and is ample to launch a step here.
+AuthInfo=socket=$dir/munge/munge.socket.2,cred_expire=30
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid

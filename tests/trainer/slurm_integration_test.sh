@@ -84,14 +84,16 @@ run2="$work/run2"
 jid=$(submit "$run2" "--spec=tiny32 --batch=2 --epochs=12 --log-every=8 --debug-step-sleep=0.5" \
   --time=2 --signal=USR1@115) || fail "sbatch refused the batch script"
 out="$work/job-$jid.out"
+# Once the warning has reached the ranks, give the job room to finish after its restart (an operator
+# could do the same). Raised now, before the requeue, so that the restarted job never starts with
+# the 2-minute limit and gets the warning again while MPI is still starting (a race seen under load).
+for _ in $(seq 240); do grep -q "stop requested" "$out" 2>/dev/null && break; sleep 0.5; done
+grep -q "stop requested" "$out" || fail "job $jid never saw the time-limit signal"
+scontrol update JobId="$jid" TimeLimit=10 || fail "scontrol update TimeLimit"
 for _ in $(seq 240); do grep -q "requeueing job" "$out" 2>/dev/null && break; sleep 0.5; done
 grep -q "requeueing job $jid" "$out" || fail "job $jid was not requeued"
-# Give the restarted job room to finish (an operator could do the same): a longer limit, and no
-# ~2-minute hold that Slurm may put on a requeued batch job.
-scontrol update JobId="$jid" TimeLimit=10 || fail "scontrol update TimeLimit"
-if scontrol show job "$jid" | grep -q "JobState=PENDING"; then
-  scontrol update JobId="$jid" StartTime=now 2>/dev/null || true
-fi
+# Slurm holds a requeued job for cred_expire seconds (30 in local-slurm.sh) before restarting it;
+# forcing an earlier start fails it with "Job credential revoked".
 first_stop=$(grep -m1 -o "checkpointing at step [0-9]*" "$out" | grep -o "[0-9]*$")
 [ "$(grep -c "stop requested.*at step $first_stop " "$out")" -eq 2 ] || fail "expected a stop line from both ranks"
 [ -f "$run2/checkpoints/ckpt-$(printf %09d "$first_stop").h5" ] || fail "no checkpoint at the stop step $first_stop"
