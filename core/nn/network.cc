@@ -245,15 +245,8 @@ class ConvOp : public Op {
     Dims in_dims = in_md.dims();
     const int64_t n = in_dims[0], ic = in_dims[1], side = in_dims[2];
     const int64_t k = l.kernel, s = l.stride, oc = l.filters;
-    int64_t out, pl = 0, pr = 0;
-    if (l.same_padding) {
-      out = (side + s - 1) / s;
-      int64_t total = std::max<int64_t>((out - 1) * s + k - side, 0);
-      pl = total / 2;
-      pr = total - pl;
-    } else {
-      out = (side - k) / s + 1;
-    }
+    const ConvGeometry g = ConvGeometryFor(side, l.kernel, l.stride, l.same_padding);
+    const int64_t out = g.out, pl = g.pad_left, pr = g.pad_right;
     flops_ = 2.0 * k * k * k * ic * oc * out * out * out * n;
     Dims strides = {s, s, s}, padl = {pl, pl, pl}, padr = {pr, pr, pr};
     memory::desc w_any({oc, ic, k, k, k}, c.dt, Tag::any);
@@ -644,16 +637,9 @@ class FirstBlockOp : public Op {
 // (0 if it picks none of them).
 int PreferredSrcLayout(Ctx& c, const Dims& dims, const LayerSpec& l,
                        const std::vector<std::pair<memory::desc, int>>& candidates) {
-  const int64_t side = dims[2], k = l.kernel, s = l.stride;
-  int64_t out, pl = 0, pr = 0;
-  if (l.same_padding) {
-    out = (side + s - 1) / s;
-    int64_t total = std::max<int64_t>((out - 1) * s + k - side, 0);
-    pl = total / 2;
-    pr = total - pl;
-  } else {
-    out = (side - k) / s + 1;
-  }
+  const int64_t k = l.kernel, s = l.stride;
+  const ConvGeometry g = ConvGeometryFor(dims[2], l.kernel, l.stride, l.same_padding);
+  const int64_t out = g.out, pl = g.pad_left, pr = g.pad_right;
   auto prop = c.training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
   auto pd = dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct,

@@ -65,11 +65,23 @@ struct ShapeWalk {
 };
 
 int ConvOutSide(int in, int kernel, int stride, bool same) {
-  if (same) return (in + stride - 1) / stride;
-  return in < kernel ? 0 : (in - kernel) / stride + 1;
+  return static_cast<int>(ConvGeometryFor(in, kernel, stride, same).out);
 }
 
 }  // namespace
+
+ConvGeometry ConvGeometryFor(int64_t in, int kernel, int stride, bool same_padding) {
+  ConvGeometry g;
+  if (same_padding) {
+    g.out = (in + stride - 1) / stride;
+    const int64_t total = std::max<int64_t>((g.out - 1) * stride + kernel - in, 0);
+    g.pad_left = total / 2;
+    g.pad_right = total - g.pad_left;
+  } else {
+    g.out = in < kernel ? 0 : (in - kernel) / stride + 1;
+  }
+  return g;
+}
 
 Status ModelSpec::Validate() const {
   if (input_channels <= 0 || input_channels > 64) {
@@ -381,9 +393,14 @@ std::vector<OutputSpec> CosmoFlowOutputs(int num_params) {
 
 namespace {
 
-LayerSpec Conv(int filters, int kernel, int stride, bool same) {
+// Builders for the built-in specs: a layer of `type` with the one or few fields it uses set.
+LayerSpec Layer(LayerType type) {
   LayerSpec l;
-  l.type = LayerType::kConv3d;
+  l.type = type;
+  return l;
+}
+LayerSpec Conv(int filters, int kernel, int stride, bool same) {
+  LayerSpec l = Layer(LayerType::kConv3d);
   l.filters = filters;
   l.kernel = kernel;
   l.stride = stride;
@@ -391,37 +408,28 @@ LayerSpec Conv(int filters, int kernel, int stride, bool same) {
   return l;
 }
 LayerSpec Pool(LayerType t, int size) {
-  LayerSpec l;
-  l.type = t;
+  LayerSpec l = Layer(t);
   l.size = size;
   return l;
 }
 LayerSpec Leaky(float alpha) {
-  LayerSpec l;
-  l.type = LayerType::kLeakyRelu;
+  LayerSpec l = Layer(LayerType::kLeakyRelu);
   l.alpha = alpha;
   return l;
 }
 LayerSpec Dropout(float rate) {
-  LayerSpec l;
-  l.type = LayerType::kDropout;
+  LayerSpec l = Layer(LayerType::kDropout);
   l.rate = rate;
   return l;
 }
-LayerSpec Flatten() {
-  LayerSpec l;
-  l.type = LayerType::kFlatten;
-  return l;
-}
+LayerSpec Flatten() { return Layer(LayerType::kFlatten); }
 LayerSpec Dense(int units) {
-  LayerSpec l;
-  l.type = LayerType::kDense;
+  LayerSpec l = Layer(LayerType::kDense);
   l.units = units;
   return l;
 }
 LayerSpec ScaledTanh(float scale) {
-  LayerSpec l;
-  l.type = LayerType::kScaledTanh;
+  LayerSpec l = Layer(LayerType::kScaledTanh);
   l.scale = scale;
   return l;
 }

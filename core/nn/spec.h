@@ -45,6 +45,16 @@ struct LayerSpec {
   float scale = 1.f;   // scaled_tanh
 };
 
+// Output side and padding of a conv3d layer on a cube of side `in`. SAME follows TensorFlow:
+// output = ceil(in / stride), the odd padding voxel on the right. VALID: output 0 when the kernel
+// does not fit, no padding.
+struct ConvGeometry {
+  int64_t out = 0;
+  int64_t pad_left = 0;
+  int64_t pad_right = 0;
+};
+ConvGeometry ConvGeometryFor(int64_t in, int kernel, int stride, bool same_padding);
+
 struct OutputSpec {
   std::string name;    // "Omega_M", "sigma_8", "n_s", "H0"
   std::string unit;    // "" for dimensionless, "km/s/Mpc" for H0
