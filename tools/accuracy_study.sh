@@ -5,25 +5,32 @@
 #
 # Usage: tools/accuracy_study.sh [OUT_DIR]   (default ./accuracy-out; needs a build in ./build)
 # Scale is set by environment variables (defaults = the run reported in docs/accuracy.md):
-#   SIDE=32 SPEC=tiny32 N_TRAIN=2048 N_VAL=256 N_TEST=512 EPOCHS=12 BATCH=8 LR=0.002 PRECISION=fp32
+#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 SPEC=tools/specs/study32x4.json N_TRAIN=4096 N_VAL=512
+#   N_TEST=1024 EPOCHS=60 BATCH=8 LR=0.001 PRECISION=fp32 SYNTH_ARGS=""
+# 32^3 voxels of 8 Mpc/h = a 256 Mpc/h box (the modes that carry sigma_8 and the shape of P(k)),
+# four redshifts of the same initial field as in the MLPerf data (their growth carries Omega_M).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$here/accuracy-out}")
 build=${BUILD_DIR:-$here/build}
-SIDE=${SIDE:-32}; SPEC=${SPEC:-tiny32}; N_TRAIN=${N_TRAIN:-2048}; N_VAL=${N_VAL:-256}; N_TEST=${N_TEST:-512}
-EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.002}; PRECISION=${PRECISION:-fp32}
+SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4.json}
+N_TRAIN=${N_TRAIN:-4096}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
+EPOCHS=${EPOCHS:-60}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}; SYNTH_ARGS=${SYNTH_ARGS:-}
 for b in synth/synth trainer/cosmoflow-train server/cosmoflow-server; do
   [ -x "$build/$b" ] || { echo "accuracy_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
 done
 mkdir -p "$out/data"
 t0=$(date +%s)
-echo "== synthetic universes (${SIDE}^3, z = 0): $N_TRAIN train, $N_VAL val, $N_TEST test"
-[ -d "$out/data/train" ] || "$build/synth/synth" --out "$out/data/train" --samples "$N_TRAIN" --side "$SIDE" \
-  --redshifts 0 --seed 11 --samples-per-shard 512 --quiet
-[ -d "$out/data/val" ] || "$build/synth/synth" --out "$out/data/val" --samples "$N_VAL" --side "$SIDE" \
-  --redshifts 0 --seed 12 --samples-per-shard 512 --quiet
-[ -d "$out/data/test" ] || "$build/synth/synth" --out "$out/data/test" --samples "$N_TEST" --side "$SIDE" \
-  --redshifts 0 --seed 13 --samples-per-shard 1024 --quiet
+echo "== synthetic universes (${SIDE}^3 x ${VOXEL} Mpc/h, z = $REDSHIFTS): $N_TRAIN train, $N_VAL val, $N_TEST test"
+synth_common=(--side "$SIDE" --voxel-size "$VOXEL" --redshifts "$REDSHIFTS" --quiet)
+# shellcheck disable=SC2206
+synth_common+=($SYNTH_ARGS)
+[ -d "$out/data/train" ] || "$build/synth/synth" --out "$out/data/train" --samples "$N_TRAIN" --seed 11 \
+  --samples-per-shard 512 "${synth_common[@]}"
+[ -d "$out/data/val" ] || "$build/synth/synth" --out "$out/data/val" --samples "$N_VAL" --seed 12 \
+  --samples-per-shard 512 "${synth_common[@]}"
+[ -d "$out/data/test" ] || "$build/synth/synth" --out "$out/data/test" --samples "$N_TEST" --seed 13 \
+  --samples-per-shard 1024 "${synth_common[@]}"
 echo "   data ready after $(( $(date +%s) - t0 )) s"
 
 echo "== training $SPEC ($PRECISION), 2 ranks x batch $BATCH, $EPOCHS epochs"

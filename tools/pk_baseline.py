@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Classical baseline for the accuracy study: parameters from the cube's measured power spectrum.
 
-For every cube: overdensity delta = n / mean(n) - 1 of channel 0 (z = 0), its power spectrum
-P(k) = <|delta_k|^2> V / N^2 in logarithmic k bins (NGP window not deconvolved: the same for every
-cube, so it cancels in a regression), plus log(var n) and the fraction of empty voxels. A ridge
+For every cube and every channel (one per redshift): overdensity delta = n / mean(n) - 1, its power
+spectrum P(k) = <|delta_k|^2> V / N^2 in logarithmic k bins (NGP window not deconvolved: the same
+for every cube, so it cancels in a regression), plus log(var n) and the fraction of empty voxels. A ridge
 regression from these features (log P per bin, standardised) to each physical parameter is fitted on
 the training set, with the ridge strength chosen by 5-fold cross-validation, and applied to the test
 set. This is "a regression on binned P(k)": the information a two-point statistic carries, which is
@@ -32,9 +32,9 @@ def shards(path):
     return [path]
 
 
-def power_features(cube, nbins):
-    """Binned log P(k) of channel 0, plus log variance and empty fraction."""
-    n = cube[0].astype(np.float64)
+def channel_features(n, nbins):
+    """Binned log P(k) of one channel, plus its log variance and empty fraction."""
+    n = n.astype(np.float64)
     side = n.shape[0]
     mean = n.mean()
     delta = n / mean - 1.0
@@ -51,6 +51,13 @@ def power_features(cube, nbins):
     counts = np.bincount(which[good], minlength=nbins)
     pk = sums / np.maximum(counts, 1)
     return np.concatenate([np.log(pk + 1e-12), [np.log(n.var() + 1e-12), (n == 0).mean()]])
+
+
+def power_features(cube, nbins):
+    """The features of every channel (redshift), side by side: with several redshifts of the same
+    initial field, differences of log P(k) between channels measure the growth of structure (which
+    depends on Omega_M) nearly free of sample variance, and a linear model can form them."""
+    return np.concatenate([channel_features(c, nbins) for c in cube])
 
 
 def load(path, nbins):

@@ -1,6 +1,8 @@
 #include "trainer/lr_recipe.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 namespace cosmoflow {
 
@@ -42,37 +44,40 @@ StatusOr<LrRecipeSchedule> LrRecipeSchedule::Create(const LrRecipeConfig& config
   if (steps_per_epoch < 1 || total_steps < 0 || global_batch < 1) {
     return InvalidArgumentError("LR schedule: bad steps per epoch, total steps or batch");
   }
-  LrRecipeSchedule s;
-  s.config_ = config;
-  s.steps_per_epoch_ = steps_per_epoch;
-  s.total_steps_ = std::max<int64_t>(total_steps, 1);
-  s.peak_lr_ = config.recipe == LrRecipe::kMlperf
-                   ? config.base_lr * global_batch / config.base_batch
-                   : config.base_lr;
-  return s;
-}
-
-double LrRecipeSchedule::At(int64_t step) const {
-  switch (config_.recipe) {
+  if (config.recipe == LrRecipe::kSc18 && config.end_lr > config.base_lr) {
+    return InvalidArgumentError("--end-lr must not exceed --lr (the SC18 recipe decays)");
+  }
+  LrScheduleConfig c;
+  c.base_lr = config.base_lr;
+  switch (config.recipe) {
     case LrRecipe::kConstant:
-      return config_.base_lr;
-    case LrRecipe::kSc18: {
-      const double t = std::min(1.0, static_cast<double>(step) / total_steps_);
-      return config_.base_lr + (config_.end_lr - config_.base_lr) * t;
-    }
+      break;
+    case LrRecipe::kSc18:  // linear decay from base_lr at step 0 to end_lr at the last step
+      c.decay = "poly";
+      c.power = 1;
+      c.end_lr = config.end_lr;
+      c.total_steps = std::max<int64_t>(total_steps, 1);
+      break;
     case LrRecipe::kMlperf: {
-      const double epoch = static_cast<double>(step) / steps_per_epoch_;
-      if (epoch < config_.warmup_epochs) {
-        return config_.base_lr + (peak_lr_ - config_.base_lr) * epoch / config_.warmup_epochs;
+      c.decay = "step";
+      c.base_lr = config.base_lr * global_batch / config.base_batch;  // linear scaling: the peak
+      c.warmup_steps = config.warmup_epochs * double(steps_per_epoch);
+      c.warmup_start_lr = config.base_lr;
+      for (size_t i = 0; i < config.decay_epochs.size(); ++i) {
+        // Epoch e starts at step ceil(e * steps_per_epoch) (epochs may be fractional).
+        c.decay_boundaries.push_back(
+            static_cast<int64_t>(std::ceil(config.decay_epochs[i] * double(steps_per_epoch))));
       }
-      double lr = peak_lr_;
-      for (size_t i = 0; i < config_.decay_epochs.size(); ++i) {
-        if (epoch >= config_.decay_epochs[i]) lr = peak_lr_ * config_.decay_factors[i];
-      }
-      return lr;
+      c.decay_factors = config.decay_factors;
+      break;
     }
   }
-  return config_.base_lr;
+  auto schedule = LrSchedule::Create(c);
+  if (!schedule.ok()) {
+    return InvalidArgumentError("LR recipe " + std::string(LrRecipeName(config.recipe)) + ": " +
+                                schedule.status().message());
+  }
+  return LrRecipeSchedule(std::move(*schedule));
 }
 
 }  // namespace cosmoflow

@@ -7,14 +7,18 @@
 // - kSc18 (CosmoFlow SC18): Adam; LR decays linearly from base_lr at step 0 to end_lr at the last
 // step.
 // - kConstant: base_lr throughout (tests, debugging).
-// Pure and deterministic, so a resumed run gets the same LR at the same step.
+// Each recipe is a configuration of core/nn's LrSchedule (the one schedule object); this class
+// translates epochs and the global batch into it. Pure and deterministic, so a resumed run gets the
+// same LR at the same step.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "core/base/status.h"
+#include "core/nn/schedule.h"
 
 namespace cosmoflow {
 
@@ -37,14 +41,13 @@ class LrRecipeSchedule {
   // Checks the config (positive LR, ascending decay epochs, matching lengths).
   static StatusOr<LrRecipeSchedule> Create(const LrRecipeConfig& config, int global_batch,
                                            int64_t steps_per_epoch, int64_t total_steps);
-  double At(int64_t step) const;
-  double peak_lr() const { return peak_lr_; }
+  double At(int64_t step) const { return schedule_.Value(step); }
+  double peak_lr() const { return schedule_.config().base_lr; }
+  const LrSchedule& schedule() const { return schedule_; }
 
  private:
-  LrRecipeConfig config_;
-  double peak_lr_ = 0;
-  int64_t steps_per_epoch_ = 1;
-  int64_t total_steps_ = 1;
+  explicit LrRecipeSchedule(LrSchedule schedule) : schedule_(std::move(schedule)) {}
+  LrSchedule schedule_;
 };
 
 }  // namespace cosmoflow

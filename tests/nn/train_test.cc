@@ -78,6 +78,31 @@ TEST(ScheduleTest, WarmupStepAndPolyDecay) {
   EXPECT_FALSE(LrSchedule::Create(c).ok());
 }
 
+// The form the trainer's MLPerf recipe uses: warmup from a starting rate over a fractional number
+// of steps, then one absolute factor per boundary.
+TEST(ScheduleTest, WarmupFromAStartingRateAndFactorPerBoundary) {
+  LrScheduleConfig c;
+  c.base_lr = 0.4;
+  c.warmup_steps = 2.5;
+  c.warmup_start_lr = 0.1;
+  c.decay = "step";
+  c.decay_boundaries = {10, 20};
+  c.decay_factors = {0.25, 0.125};
+  auto s = LrSchedule::Create(c);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_DOUBLE_EQ(s->Value(0), 0.1);
+  EXPECT_NEAR(s->Value(2), 0.1 + 0.3 * 2 / 2.5, 1e-12);
+  EXPECT_DOUBLE_EQ(s->Value(3), 0.4);
+  EXPECT_DOUBLE_EQ(s->Value(9), 0.4);
+  EXPECT_DOUBLE_EQ(s->Value(10), 0.1);    // 0.4 x 0.25, not 0.4 x 0.25^1 by accident of form
+  EXPECT_DOUBLE_EQ(s->Value(20), 0.05);   // 0.4 x 0.125 (absolute), not 0.4 x 0.25 x 0.125
+  EXPECT_DOUBLE_EQ(s->Value(1000), 0.05);
+  c.decay_factors = {0.25};  // one factor for two boundaries
+  auto bad = LrSchedule::Create(c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("decay_factors"), std::string::npos);
+}
+
 std::vector<Parameter> OneParam(std::vector<float>& value, std::vector<float>& grad, std::vector<int64_t> shape) {
   Parameter p;
   p.name = "w";

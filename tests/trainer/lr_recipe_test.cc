@@ -30,6 +30,20 @@ TEST(LrRecipeTest, Sc18DecaysLinearlyToEndLr) {
   EXPECT_NEAR(s->At(50), 0.0011, 1e-12);
   EXPECT_NEAR(s->At(100), 0.0002, 1e-12);
   EXPECT_DOUBLE_EQ(s->peak_lr(), 0.002);  // no batch scaling
+  c.end_lr = 0.003;  // a "decay" that rises is refused
+  EXPECT_FALSE(LrRecipeSchedule::Create(c, 8, 10, 100).ok());
+}
+
+TEST(LrRecipeTest, MlperfFractionalEpochsMapOntoSteps) {
+  LrRecipeConfig c;
+  c.warmup_epochs = 0.5;
+  c.decay_epochs = {1.5};
+  c.decay_factors = {0.5};
+  auto s = LrRecipeSchedule::Create(c, /*global_batch=*/64, /*steps_per_epoch=*/7, /*total=*/70);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_DOUBLE_EQ(s->At(0), 0.001);     // peak = base at the base batch: a flat warmup
+  EXPECT_DOUBLE_EQ(s->At(10), 0.001);    // epoch 1.43
+  EXPECT_DOUBLE_EQ(s->At(11), 0.0005);   // epoch 1.57 >= 1.5
 }
 
 TEST(LrRecipeTest, BadConfigsAreRejectedWithTheFlagName) {
