@@ -7,6 +7,7 @@
 # Scale is set by environment variables (defaults = the run reported in docs/accuracy.md):
 #   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 SPEC=tools/specs/study32x4.json N_TRAIN=4096 N_VAL=512
 #   N_TEST=1024 EPOCHS=60 BATCH=8 LR=0.001 PRECISION=fp32 SYNTH_ARGS=""
+# Data already in OUT_DIR/data is reused; TRAIN=0 also reuses a finished OUT_DIR/run (re-report only).
 # 32^3 voxels of 8 Mpc/h = a 256 Mpc/h box (the modes that carry sigma_8 and the shape of P(k)),
 # four redshifts of the same initial field as in the MLPerf data (their growth carries Omega_M).
 set -euo pipefail
@@ -16,6 +17,7 @@ build=${BUILD_DIR:-$here/build}
 SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4.json}
 N_TRAIN=${N_TRAIN:-4096}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
 EPOCHS=${EPOCHS:-60}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}; SYNTH_ARGS=${SYNTH_ARGS:-}
+TRAIN=${TRAIN:-1}
 for b in synth/synth trainer/cosmoflow-train server/cosmoflow-server; do
   [ -x "$build/$b" ] || { echo "accuracy_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
 done
@@ -33,16 +35,22 @@ synth_common+=($SYNTH_ARGS)
   --samples-per-shard 1024 "${synth_common[@]}"
 echo "   data ready after $(( $(date +%s) - t0 )) s"
 
-echo "== training $SPEC ($PRECISION), 2 ranks x batch $BATCH, $EPOCHS epochs"
-root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
-rm -rf "$out/run"
-OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
-  --spec "$SPEC" --train "$out/data/train" --val "$out/data/val" --out "$out/run" --epochs "$EPOCHS" \
-  --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 64
-echo "   trained after $(( $(date +%s) - t0 )) s"
+if [ "$TRAIN" = 0 ]; then
+  [ -f "$out/run/run.json" ] || { echo "accuracy_study.sh: TRAIN=0 but $out/run holds no finished run" >&2; exit 1; }
+  echo "== reusing the trained run in $out/run"
+else
+  echo "== training $SPEC ($PRECISION), 2 ranks x batch $BATCH, $EPOCHS epochs"
+  root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+  rm -rf "$out/run"
+  OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
+    --spec "$SPEC" --train "$out/data/train" --val "$out/data/val" --out "$out/run" --epochs "$EPOCHS" \
+    --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 64
+  echo "   trained after $(( $(date +%s) - t0 )) s"
+fi
 [ -f "$here/tools/plot_training.py" ] && /usr/bin/python3 "$here/tools/plot_training.py" "$out/run" --out "$out/plots" || true
 
 echo "== predicting the test set through the gRPC server"
+rm -f "$out/grpc.port"  # a stale one from an earlier run would point the client at a dead port
 "$build/server/cosmoflow-server" --checkpoint "$out/run/checkpoints" --address 127.0.0.1:0 --metrics-address "" \
   --port-file "$out/grpc.port" --max-batch 8 > "$out/server.log" 2>&1 &
 pid=$!
@@ -54,10 +62,12 @@ here, addr, test, csv = sys.argv[1:5]
 sys.path.insert(0, f"{here}/client/python")
 from cosmoflow_client import CosmoFlowClient
 client = CosmoFlowClient(addr, timeout=1800)
-for _ in range(100):
+for attempt in range(150):
     try:
         client.info(); break
-    except Exception:
+    except Exception as e:
+        if attempt == 149:
+            sys.exit(f"accuracy_study.sh: server at {addr} never answered: {e}")
         time.sleep(0.2)
 cubes, params, names = [], [], None
 for f in sorted(glob.glob(f"{test}/*.h5")):

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 import grpc
 import numpy as np
@@ -109,15 +110,34 @@ class CosmoFlowClient:
             pb.PredictRequest(request_id=str(i), cube=cube_message(c, layout)) for i, c in enumerate(cubes)])
         return [_result(r) for r in self._stub.PredictBatch(req, timeout=self.timeout).responses]
 
-    def predict_stream(self, cubes, layout="channel_first"):
+    def predict_stream(self, cubes, layout="channel_first", window=16):
         """Sends many cubes over one stream; yields (index, result or error string) as they come
-        back (possibly out of order)."""
-        requests = (pb.PredictRequest(request_id=str(i), cube=cube_message(c, layout)) for i, c in enumerate(cubes))
-        for reply in self._stub.PredictStream(requests, timeout=self.timeout):
-            if reply.code == 0:
-                yield int(reply.request_id), _result(reply.result)
-            else:
-                yield int(reply.request_id), "code %d: %s" % (reply.code, reply.message)
+        back (possibly out of order). At most `window` cubes are in flight: the server's request
+        queue is bounded and answers RESOURCE_EXHAUSTED when a client outruns it, so a pipeline
+        must pace itself; keep `window` at or below the server's queue capacity."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        slots = threading.Semaphore(window)
+        done = threading.Event()
+
+        def requests():
+            for i, c in enumerate(cubes):
+                while not slots.acquire(timeout=0.1):
+                    if done.is_set():
+                        return
+                if done.is_set():
+                    return
+                yield pb.PredictRequest(request_id=str(i), cube=cube_message(c, layout))
+
+        try:
+            for reply in self._stub.PredictStream(requests(), timeout=self.timeout):
+                slots.release()
+                if reply.code == 0:
+                    yield int(reply.request_id), _result(reply.result)
+                else:
+                    yield int(reply.request_id), "code %d: %s" % (reply.code, reply.message)
+        finally:
+            done.set()  # unblocks the sender if the stream ended early or the caller stopped reading
 
     def info(self):
         m = self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self.timeout)

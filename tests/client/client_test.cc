@@ -36,6 +36,7 @@ class ClientTest : public ::testing::Test {
     o.watch_interval = std::chrono::milliseconds(0);
     o.max_batch = 8;
     o.max_queue_delay = std::chrono::milliseconds(1);
+    o.max_queue = 4;  // small, so the Python stream check shows that its window paces the sender
     auto s = InferenceServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);

@@ -22,4 +22,15 @@ for i, c in enumerate(cubes):
     assert batch[i]["parameters"] == one or all(abs(batch[i]["parameters"][k] - v) < 1e-6 for k, v in one.items()), (i, batch[i], one)
     assert isinstance(stream[i], dict), stream[i]
     assert all(abs(stream[i]["parameters"][k] - v) < 1e-6 for k, v in one.items()), (i, stream[i], one)
+# Many more cubes than the server's queue holds (client_test gives it 4 slots): the stream paces
+# itself with its window, so none of them is refused with RESOURCE_EXHAUSTED.
+many = dict(client.predict_stream([cube] * 40, window=4))
+assert len(many) == 40, len(many)
+bad = {i: r for i, r in many.items() if not isinstance(r, dict)}
+assert not bad, bad
+try:
+    list(client.predict_stream(cubes, window=0))
+    raise AssertionError("window=0 accepted")
+except ValueError:
+    pass
 print(json.dumps(single))
