@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/base/flags.h"
 #include "core/io/dataset.h"
 #include "core/io/npy.h"
 #include "proto/cosmoflow.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
-#include "server/flags.h"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include <iostream>
 #include <thread>
 
+#include "core/base/flags.h"
 #include "core/base/log.h"
-#include "server/flags.h"
 #include "server/server.h"
 
 namespace {

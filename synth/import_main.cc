@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "synth/cli.h"
+#include "core/base/flags.h"
 #include "synth/importer.h"
 
 using namespace cosmoflow;
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   std::string out, files_from, prefix, report;
   int64_t files_per_shard = 64, compress = 0, side = 128, first_file_number = 0;
   bool skip_corrupt = false, quiet = false, help = false;
-  FlagParser flags("cosmoflow-import");
+  FlagParser flags;
   flags.AddString("out", &out, "output directory for shards (created if missing)");
   flags.AddString("files-from", &files_from, "read input paths from this file, one per line");
   flags.AddString("prefix", &prefix, "shard name prefix (default: the list's name, or 'mlperf')");

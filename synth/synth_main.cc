@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/io/dataset.h"
-#include "synth/cli.h"
+#include "core/base/flags.h"
 #include "synth/generator_pool.h"
 #include "synth/universe.h"
 
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
           threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1;
   double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0, pm_z_init = 9;
   bool quiet = false, help = false;
-  FlagParser flags("synth");
+  FlagParser flags;
   flags.AddString("out", &out, "output: a directory (shards <prefix>-<first index>.h5) or FILE.h5");
   flags.AddInt("samples", &samples, "number of cubes (default 1)");
   flags.AddInt("first-index", &first_index, "index of the first sample (default 0)");

@@ -1,12 +1,11 @@
 #include "trainer/options.h"
 
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "core/base/flags.h"
 
 namespace cosmoflow {
 namespace {
@@ -85,46 +84,38 @@ Status Bad(const std::string& flag, const std::string& value, const std::string&
   return InvalidArgumentError("--" + flag + "=" + value + ": " + why);
 }
 
+// Range-checked values; the parsing itself is core/base/flags.h's, the messages quote "--k=v".
 StatusOr<int64_t> ToInt(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
-  errno = 0;
-  char* end = nullptr;
-  long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0) return Bad(flag, v, "not an integer");
-  if (x < lo || x > hi) {
+  auto x = ParseInt(v, "--" + flag);
+  if (!x.ok()) return Bad(flag, v, "not an integer");
+  if (*x < lo || *x > hi) {
     return Bad(flag, v, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
-  return static_cast<int64_t>(x);
+  return *x;
 }
 
 StatusOr<double> ToDouble(const std::string& flag, const std::string& v, double lo, double hi) {
-  errno = 0;
-  char* end = nullptr;
-  double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(x))
-    return Bad(flag, v, "not a number");
-  if (x < lo || x > hi) {
+  auto x = ParseDouble(v, "--" + flag);
+  if (!x.ok()) return Bad(flag, v, "not a number");
+  if (*x < lo || *x > hi) {
     std::ostringstream os;
     os << "out of range [" << lo << ", " << hi << "]";
     return Bad(flag, v, os.str());
   }
-  return x;
+  return *x;
 }
 
 StatusOr<bool> ToBool(const std::string& flag, const std::string& v) {
-  if (v == "true" || v == "1" || v == "yes" || v.empty()) return true;
-  if (v == "false" || v == "0" || v == "no") return false;
-  return Bad(flag, v, "expected true or false");
+  auto x = ParseBool(v, "--" + flag);
+  if (!x.ok()) return Bad(flag, v, "expected true or false");
+  return *x;
 }
 
 StatusOr<std::vector<double>> ToList(const std::string& flag, const std::string& v) {
-  std::vector<double> out;
-  std::stringstream ss(v);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    CF_ASSIGN_OR_RETURN(double x, ToDouble(flag, item, -1e300, 1e300));
-    out.push_back(x);
-  }
-  return out;
+  if (v.empty()) return std::vector<double>{};  // e.g. "decay-epochs": [] in a config: no decay
+  auto x = ParseDoubleList(v, "--" + flag);
+  if (!x.ok()) return Bad(flag, v, "not a comma-separated list of numbers");
+  return *x;
 }
 
 Status Apply(TrainerOptions& o, bool& recipe_set, const std::string& k, const std::string& v) {
@@ -245,34 +236,20 @@ std::string UsageText() {
 
 StatusOr<TrainerOptions> ParseTrainerOptions(int argc, char** argv, bool* help) {
   *help = false;
-  std::vector<std::pair<std::string, std::string>> flags;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0 || a.size() == 2) {
-      return InvalidArgumentError("unexpected argument '" + a + "' (flags look like --name=value)");
-    }
-    a = a.substr(2);
-    std::string key = a, value;
-    const size_t eq = a.find('=');
-    const FlagInfo* info = nullptr;
-    if (eq != std::string::npos) {
-      key = a.substr(0, eq);
-      value = a.substr(eq + 1);
-      info = FindFlag(key);
-      if (!info) return InvalidArgumentError("unknown flag --" + key + " (see --help)");
-    } else {
-      info = FindFlag(key);
-      if (!info) return InvalidArgumentError("unknown flag --" + key + " (see --help)");
-      if (!info->is_bool) {
-        if (i + 1 >= argc) return InvalidArgumentError("flag --" + key + " needs a value");
-        value = argv[++i];
-      }
-    }
-    if (key == "help") {
+  CF_ASSIGN_OR_RETURN(FlagTokens tokens, TokenizeFlags(argc, argv, 1, [](const std::string& n) {
+                        const FlagInfo* f = FindFlag(n);
+                        return f == nullptr ? -1 : f->is_bool ? 0 : 1;
+                      }));
+  if (!tokens.positional.empty()) {
+    return InvalidArgumentError("unexpected argument '" + tokens.positional[0] +
+                                "' (flags look like --name=value)");
+  }
+  const auto& flags = tokens.flags;
+  for (const auto& kv : flags) {
+    if (kv.first == "help") {
       *help = true;
       return TrainerOptions{};
     }
-    flags.emplace_back(key, value);
   }
 
   TrainerOptions o;

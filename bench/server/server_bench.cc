@@ -18,10 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/base/flags.h"
 #include "core/nn/checkpoint.h"
 #include "core/nn/network.h"
 #include "proto/cosmoflow.grpc.pb.h"
-#include "server/flags.h"
 #include "server/server.h"
 
 namespace {

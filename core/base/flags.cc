@@ -1,4 +1,4 @@
-#include "synth/cli.h"
+#include "core/base/flags.h"
 
 #include <cerrno>
 #include <cmath>
@@ -6,7 +6,6 @@
 #include <sstream>
 
 namespace cosmoflow {
-namespace synth {
 
 StatusOr<int64_t> ParseInt(const std::string& text, const std::string& what) {
   errno = 0;
@@ -26,6 +25,12 @@ StatusOr<double> ParseDouble(const std::string& text, const std::string& what) {
     return InvalidArgumentError(what + ": '" + text + "' is not a finite number");
   }
   return v;
+}
+
+StatusOr<bool> ParseBool(const std::string& text, const std::string& what) {
+  if (text.empty() || text == "1" || text == "true" || text == "yes") return true;
+  if (text == "0" || text == "false" || text == "no") return false;
+  return InvalidArgumentError(what + ": '" + text + "' is not true or false");
 }
 
 StatusOr<std::vector<double>> ParseDoubleList(const std::string& text, const std::string& what) {
@@ -51,6 +56,34 @@ StatusOr<std::pair<double, double>> ParseRange(const std::string& text, const st
   return std::make_pair(lo, hi);
 }
 
+StatusOr<FlagTokens> TokenizeFlags(int argc, char** argv, int first,
+                                   const std::function<int(const std::string&)>& takes_value) {
+  FlagTokens out;
+  for (int i = first; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
+      out.positional.push_back(arg);
+      continue;
+    }
+    std::string name = arg.substr(2), value;
+    const size_t eq = name.find('=');
+    const bool has_value = eq != std::string::npos;
+    if (has_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    const int kind = takes_value(name);
+    if (kind < 0) return InvalidArgumentError("unknown flag --" + name + " (see --help)");
+    if (kind == 1 && !has_value) {
+      if (i + 1 >= argc) return InvalidArgumentError("flag --" + name + " needs a value");
+      value = argv[++i];
+    }
+    // A boolean may be written "--x=false"; its value is checked by whoever reads it.
+    out.flags.emplace_back(name, value);
+  }
+  return out;
+}
+
 void FlagParser::AddString(const std::string& name, std::string* value, const std::string& help) {
   flags_.push_back({name, help, "STR", [value](const std::string& v) {
                       *value = v;
@@ -74,46 +107,35 @@ void FlagParser::AddDouble(const std::string& name, double* value, const std::st
 
 void FlagParser::AddBool(const std::string& name, bool* value, const std::string& help) {
   Flag f{name, help, "", [value, name](const std::string& v) {
-           if (v.empty() || v == "1" || v == "true") {
-             *value = true;
-           } else if (v == "0" || v == "false") {
-             *value = false;
-           } else {
-             return InvalidArgumentError("--" + name + ": '" + v + "' is not true/false");
-           }
+           CF_ASSIGN_OR_RETURN(*value, ParseBool(v, "--" + name));
            return Status::Ok();
          }};
   f.is_bool = true;
   flags_.push_back(std::move(f));
 }
 
+FlagParser::Flag* FlagParser::Find(const std::string& name) {
+  for (auto& f : flags_) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
 Status FlagParser::Parse(int argc, char** argv, std::vector<std::string>* positional) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
-      if (positional == nullptr) return InvalidArgumentError("unexpected argument '" + arg + "'");
-      positional->push_back(arg);
-      continue;
+  CF_ASSIGN_OR_RETURN(FlagTokens tokens, TokenizeFlags(argc, argv, 1, [this](const std::string& n) {
+                        const Flag* f = Find(n);
+                        return f == nullptr ? -1 : f->is_bool ? 0 : 1;
+                      }));
+  if (!tokens.positional.empty()) {
+    if (positional == nullptr) {
+      return InvalidArgumentError("unexpected argument '" + tokens.positional[0] + "'");
     }
-    std::string name = arg.substr(2), value;
-    bool has_value = false;
-    const size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
-    Flag* flag = nullptr;
-    for (auto& f : flags_) {
-      if (f.name == name) flag = &f;
-    }
-    if (flag == nullptr) return InvalidArgumentError("unknown flag --" + name + " (see --help)");
-    if (!has_value && !flag->is_bool) {
-      if (i + 1 >= argc) return InvalidArgumentError("flag --" + name + " needs a value");
-      value = argv[++i];
-    }
-    CF_RETURN_IF_ERROR(flag->set(value));
-    flag->seen = true;
+    positional->insert(positional->end(), tokens.positional.begin(), tokens.positional.end());
+  }
+  for (const auto& [name, value] : tokens.flags) {
+    Flag* f = Find(name);
+    CF_RETURN_IF_ERROR(f->set(value));
+    f->seen = true;
   }
   return Status::Ok();
 }
@@ -135,10 +157,47 @@ std::string FlagParser::Usage() const {
   return s.str();
 }
 
+Status Flags::Parse(int argc, char** argv, int first) {
+  CF_ASSIGN_OR_RETURN(FlagTokens tokens, TokenizeFlags(argc, argv, first, [this](const std::string& n) {
+                        auto it = known_.find(n);
+                        return it == known_.end() ? -1 : it->second ? 1 : 0;
+                      }));
+  for (const auto& [name, value] : tokens.flags) {
+    if (known_.at(name)) {
+      values_[name] = value;
+      continue;
+    }
+    // A boolean flag: "--x" or "--x=true" sets it, "--x=false" leaves it unset.
+    CF_ASSIGN_OR_RETURN(bool on, ParseBool(value, "--" + name));
+    if (on) {
+      values_[name] = "true";
+    } else {
+      values_.erase(name);
+    }
+  }
+  positional_ = std::move(tokens.positional);
+  return Status::Ok();
+}
+
+std::string Flags::Get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+StatusOr<int64_t> Flags::GetInt(const std::string& name, int64_t fallback) const {
+  if (!Has(name)) return fallback;
+  return ParseInt(values_.at(name), "--" + name);
+}
+
+StatusOr<double> Flags::GetDouble(const std::string& name, double fallback) const {
+  if (!Has(name)) return fallback;
+  return ParseDouble(values_.at(name), "--" + name);
+}
+
 std::string JoinCommandLine(int argc, char** argv) {
   std::string out;
   for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
+    const std::string a = argv[i];
     const bool quote = a.empty() || a.find_first_of(" \t'\"$") != std::string::npos;
     if (i) out += ' ';
     if (quote) {
@@ -152,5 +211,4 @@ std::string JoinCommandLine(int argc, char** argv) {
   return out;
 }
 
-}  // namespace synth
 }  // namespace cosmoflow
