@@ -57,16 +57,43 @@ std::string LayerLabel(size_t i, LayerType t) {
 }
 
 // Shape walk shared by Validate, NumParameters and ForwardFlops. `spatial` < 0 after flatten.
+int ConvOutSide(int in, int kernel, int stride, bool same) {
+  return static_cast<int>(ConvGeometryFor(in, kernel, stride, same).out);
+}
+
+// The activation shape as a walk over the layers goes: the one place that knows how each layer
+// type changes it (validation, parameter count and FLOPs all walk with it).
 struct ShapeWalk {
   int64_t channels = 0;
   int64_t side = 0;
   bool flat = false;
   int64_t features() const { return flat ? channels : channels * side * side * side; }
+  // The shape after layer `l` (assumed valid for this shape).
+  void Advance(const LayerSpec& l) {
+    switch (l.type) {
+      case LayerType::kConv3d:
+        channels = l.filters;
+        side = ConvOutSide(static_cast<int>(side), l.kernel, l.stride, l.same_padding);
+        break;
+      case LayerType::kAvgPool:
+      case LayerType::kMaxPool:
+        if (l.size > 0) side /= l.size;
+        break;
+      case LayerType::kFlatten:
+        channels = features();
+        side = 1;
+        flat = true;
+        break;
+      case LayerType::kDense:
+        channels = l.units;
+        side = 1;
+        flat = true;
+        break;
+      default:
+        break;  // element-wise layers keep the shape
+    }
+  }
 };
-
-int ConvOutSide(int in, int kernel, int stride, bool same) {
-  return static_cast<int>(ConvGeometryFor(in, kernel, stride, same).out);
-}
 
 }  // namespace
 
@@ -119,9 +146,9 @@ Status ModelSpec::Validate() const {
         if (!l.same_padding && l.kernel > s.side) {
           return bad("kernel " + std::to_string(l.kernel) + " larger than input side " + std::to_string(s.side));
         }
-        s.channels = l.filters;
-        s.side = ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding);
-        if (s.side <= 0) return bad("output side is zero");
+        if (ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding) <= 0) {
+          return bad("output side is zero");
+        }
         break;
       }
       case LayerType::kAvgPool:
@@ -131,7 +158,6 @@ Status ModelSpec::Validate() const {
         if (l.size > s.side) {
           return bad("window " + std::to_string(l.size) + " larger than input side " + std::to_string(s.side));
         }
-        s.side = s.side / l.size;
         break;
       case LayerType::kLeakyRelu:
         if (!(l.alpha >= 0.f && l.alpha < 1.f)) return bad("alpha must be in [0, 1)");
@@ -141,14 +167,10 @@ Status ModelSpec::Validate() const {
         break;
       case LayerType::kFlatten:
         if (s.flat) return bad("flatten twice");
-        s.channels = s.features();
-        s.side = 1;
-        s.flat = true;
         break;
       case LayerType::kDense:
         if (!s.flat) return bad("dense before flatten");
         if (l.units <= 0) return bad("units must be positive, got " + std::to_string(l.units));
-        s.channels = l.units;
         last_dense_units = l.units;
         break;
       case LayerType::kScaledTanh:
@@ -156,6 +178,7 @@ Status ModelSpec::Validate() const {
         if (!(l.scale > 0.f) || !std::isfinite(l.scale)) return bad("scale must be positive");
         break;
     }
+    s.Advance(l);
     if (s.features() > (int64_t{1} << 31)) return bad("activation too large");
   }
   if (!s.flat) return InvalidArgumentError("spec '" + name + "': the network must end with flatten + dense");
@@ -170,30 +193,12 @@ int64_t ModelSpec::NumParameters() const {
   ShapeWalk s{input_channels, input_side, false};
   int64_t n = 0;
   for (const LayerSpec& l : layers) {
-    switch (l.type) {
-      case LayerType::kConv3d:
-        n += int64_t{l.filters} * s.channels * l.kernel * l.kernel * l.kernel + l.filters;
-        s.channels = l.filters;
-        s.side = ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding);
-        break;
-      case LayerType::kAvgPool:
-      case LayerType::kMaxPool:
-        if (l.size > 0) s.side /= l.size;
-        break;
-      case LayerType::kFlatten:
-        s.channels = s.features();
-        s.side = 1;
-        s.flat = true;
-        break;
-      case LayerType::kDense:
-        n += s.features() * l.units + l.units;
-        s.channels = l.units;
-        s.flat = true;
-        s.side = 1;
-        break;
-      default:
-        break;
+    if (l.type == LayerType::kConv3d) {
+      n += int64_t{l.filters} * s.channels * l.kernel * l.kernel * l.kernel + l.filters;
+    } else if (l.type == LayerType::kDense) {
+      n += s.features() * l.units + l.units;
     }
+    s.Advance(l);
   }
   return n;
 }
@@ -202,32 +207,13 @@ double ModelSpec::ForwardFlops() const {
   ShapeWalk s{input_channels, input_side, false};
   double f = 0;
   for (const LayerSpec& l : layers) {
-    switch (l.type) {
-      case LayerType::kConv3d: {
-        int64_t out = ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding);
-        f += 2.0 * l.kernel * l.kernel * l.kernel * s.channels * l.filters * double(out) * out * out;
-        s.channels = l.filters;
-        s.side = out;
-        break;
-      }
-      case LayerType::kAvgPool:
-      case LayerType::kMaxPool:
-        if (l.size > 0) s.side /= l.size;
-        break;
-      case LayerType::kFlatten:
-        s.channels = s.features();
-        s.side = 1;
-        s.flat = true;
-        break;
-      case LayerType::kDense:
-        f += 2.0 * s.features() * l.units;
-        s.channels = l.units;
-        s.flat = true;
-        s.side = 1;
-        break;
-      default:
-        break;
+    if (l.type == LayerType::kConv3d) {
+      const double out = ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding);
+      f += 2.0 * l.kernel * l.kernel * l.kernel * s.channels * l.filters * out * out * out;
+    } else if (l.type == LayerType::kDense) {
+      f += 2.0 * s.features() * l.units;
     }
+    s.Advance(l);
   }
   return f;
 }
