@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "tests/io/test_util.h"
+#include "tests/common/files.h"
 
 namespace cosmoflow {
 namespace {

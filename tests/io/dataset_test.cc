@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/io/test_util.h"
+#include "tests/common/files.h"
 
 namespace cosmoflow {
 namespace {

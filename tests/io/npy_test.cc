@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "tests/io/test_util.h"
+#include "tests/common/files.h"
 
 namespace cosmoflow {
 namespace {

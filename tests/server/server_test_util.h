@@ -30,30 +30,11 @@
 #include "core/nn/spec.h"
 #include "proto/cosmoflow.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
+#include "tests/common/files.h"
 
 namespace cosmoflow::testing {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under $TMPDIR, removed by the destructor.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "cf-server-test-XXXXXX").string();
-    char* p = mkdtemp(tmpl.data());
-    if (!p) std::abort();
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // A tiny32 checkpoint whose weights come from `seed`.
 inline Checkpoint MakeTinyCheckpoint(uint64_t seed, int64_t step) {

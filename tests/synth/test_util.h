@@ -1,4 +1,5 @@
-// Helpers shared by the synth tests: the real MLPerf samples and temporary directories.
+// Helpers shared by the synth tests: the real MLPerf samples and gzip files (scratch directories
+// and whole-file helpers come from tests/common/files.h).
 #pragma once
 
 #include <zlib.h>
@@ -12,9 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/files.h"
+
 namespace cosmoflow {
 namespace synth {
 namespace testing {
+
+using ::cosmoflow::testing::ReadAll;
+using ::cosmoflow::testing::TempDir;
+using ::cosmoflow::testing::WriteAll;
 
 inline std::string RealDataDir() {
   return std::string(COSMOFLOW_SHARED_DIR) + "/data/mlperf-cosmoflow";
@@ -37,38 +44,6 @@ inline std::vector<std::string> RealFiles() {
                  << ::cosmoflow::synth::testing::RealDataDir()                               \
                  << " (COSMOFLOW_SHARED_DIR/data/mlperf-cosmoflow): nothing real to import"; \
   }
-
-// A fresh directory under the build tree (removed at the end of the test).
-class TempDir {
- public:
-  explicit TempDir(const std::string& name) {
-    path_ = std::string(COSMOFLOW_BINARY_DIR) + "/tmp-synth-tests/" + name + "-" +
-            std::to_string(::getpid());
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& f) const { return path_ + "/" + f; }
-
- private:
-  std::string path_;
-};
-
-inline std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-inline void WriteAll(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
 
 // Whole decompressed content of a gzip file.
 inline std::string Gunzip(const std::string& path) {
