@@ -34,19 +34,33 @@ MAX_MESSAGE_BYTES = 64 << 20  # a 128^3 float32 cube is 8 MiB: above gRPC's 4 Mi
 
 
 def _load_stubs(proto_dir=None, out_dir=None):
-    """Imports the generated modules, generating them from proto/ first if needed."""
+    """Imports the generated modules, generating them from proto/ first if needed. Without
+    COSMOFLOW_STUBS_DIR they are generated into a temporary directory that is removed once they
+    are imported (Python keeps imported modules in memory), so nothing is left behind."""
     try:
         import cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc  # noqa: F401
+        return cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc
     except ImportError:
-        proto_dir = proto_dir or os.environ.get("COSMOFLOW_PROTO_DIR") or os.path.join(_HERE, "..", "..", "proto")
-        out_dir = out_dir or os.environ.get("COSMOFLOW_STUBS_DIR") or tempfile.mkdtemp(prefix="cosmoflow-stubs-")
+        pass
+    proto_dir = proto_dir or os.environ.get("COSMOFLOW_PROTO_DIR") or os.path.join(_HERE, "..", "..", "proto")
+    out_dir = out_dir or os.environ.get("COSMOFLOW_STUBS_DIR")
+    scratch = None if out_dir else tempfile.TemporaryDirectory(prefix="cosmoflow-stubs-")
+    out_dir = out_dir or scratch.name
+    try:
         os.makedirs(out_dir, exist_ok=True)
         cmd = [sys.executable, "-m", "grpc_tools.protoc", "-I", proto_dir, "--python_out=" + out_dir,
                "--grpc_python_out=" + out_dir, os.path.join(proto_dir, "cosmoflow.proto"),
                os.path.join(proto_dir, "health.proto")]
         subprocess.run(cmd, check=True)
         sys.path.insert(0, out_dir)
-        import cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc  # noqa: F401,F811
+        try:
+            import cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc  # noqa: F401,F811
+        finally:
+            if scratch:
+                sys.path.remove(out_dir)
+    finally:
+        if scratch:
+            scratch.cleanup()
     return cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc
 
 

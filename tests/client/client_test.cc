@@ -125,12 +125,15 @@ TEST_F(ClientTest, PythonClientGivesTheSameNumbersAsTheCli) {
   EXPECT_EQ(nlohmann::json::parse(py.out)["model_version"],
             nlohmann::json::parse(cli.out)["model_version"]);
 
-  // The example's own command line, too.
-  Result main = Exec("COSMOFLOW_STUBS_DIR=" + (dir_ / "stubs") + " /usr/bin/python3 " + src +
+  // The example's own command line, too, as a user runs it: stubs generated into a temporary
+  // directory that must be gone afterwards (TMPDIR points at an empty one to check).
+  std::filesystem::create_directories(dir_ / "tmp");
+  Result main = Exec("TMPDIR=" + (dir_ / "tmp") + " /usr/bin/python3 " + src +
                      "/client/python/cosmoflow_client.py --address " + address_ + " --npy " +
                      (dir_ / "cube.npy") + " --json");
   ASSERT_EQ(main.code, 0) << main.err;
   EXPECT_EQ(JsonValues(main.out), JsonValues(cli.out));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_ / "tmp")) << "the client left its stubs behind";
 }
 
 TEST_F(ClientTest, InfoAndHealth) {
