@@ -5,7 +5,7 @@
 #
 # Usage: tools/accuracy_study.sh [OUT_DIR]   (default ./accuracy-out; needs a build in ./build)
 # Scale is set by environment variables (defaults = the run reported in docs/accuracy.md):
-#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 SPEC=tools/specs/study32x4.json N_TRAIN=16384 N_VAL=512
+#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 SPEC=tools/specs/study32x4.json N_TRAIN=32768 N_VAL=512
 #   N_TEST=1024 EPOCHS=30 BATCH=8 LR=0.001 PRECISION=fp32 SYNTH_ARGS=""
 # Data already in OUT_DIR/data is reused; TRAIN=0 also reuses a finished OUT_DIR/run (re-report only).
 # 32^3 voxels of 8 Mpc/h = a 256 Mpc/h box (the modes that carry sigma_8 and the shape of P(k)),
@@ -15,7 +15,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$here/accuracy-out}")
 build=${BUILD_DIR:-$here/build}
 SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4.json}
-N_TRAIN=${N_TRAIN:-16384}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
+N_TRAIN=${N_TRAIN:-32768}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
 EPOCHS=${EPOCHS:-30}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}; SYNTH_ARGS=${SYNTH_ARGS:-}
 TRAIN=${TRAIN:-1}
 for b in synth/synth trainer/cosmoflow-train server/cosmoflow-server; do
