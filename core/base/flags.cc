@@ -114,8 +114,8 @@ void FlagParser::AddBool(const std::string& name, bool* value, const std::string
   flags_.push_back(std::move(f));
 }
 
-FlagParser::Flag* FlagParser::Find(const std::string& name) {
-  for (auto& f : flags_) {
+const FlagParser::Flag* FlagParser::Find(const std::string& name) const {
+  for (const auto& f : flags_) {
     if (f.name == name) return &f;
   }
   return nullptr;
@@ -141,10 +141,8 @@ Status FlagParser::Parse(int argc, char** argv, std::vector<std::string>* positi
 }
 
 bool FlagParser::Seen(const std::string& name) const {
-  for (const auto& f : flags_) {
-    if (f.name == name) return f.seen;
-  }
-  return false;
+  const Flag* f = Find(name);
+  return f != nullptr && f->seen;
 }
 
 std::string FlagParser::Usage() const {

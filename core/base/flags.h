@@ -2,9 +2,9 @@
 // cosmoflow-server, cosmoflow-client, the benchmarks): one tokenizer, one set of value parsers.
 //
 // Syntax: "--name=value", "--name value", and "--name" alone for a boolean flag; any word that
-// does not start with "--" is positional. Unknown flags, a missing value, a value given to a flag
-// that takes none, and malformed numbers are INVALID_ARGUMENT errors whose message names the
-// flag, so a typo never passes silently. Programs print the message as one line on stderr and
+// does not start with "--" is positional; a boolean may also be written "--name=false". Unknown
+// flags, a missing value, malformed numbers and booleans are INVALID_ARGUMENT errors whose message
+// names the flag, so a typo never passes silently. Programs print the message as one line on stderr and
 // exit with status 2.
 //
 // Two ways to read the flags, over the same tokenizer:
@@ -64,7 +64,10 @@ class FlagParser {
     bool is_bool = false;
     bool seen = false;
   };
-  Flag* Find(const std::string& name);
+  const Flag* Find(const std::string& name) const;
+  Flag* Find(const std::string& name) {
+    return const_cast<Flag*>(static_cast<const FlagParser*>(this)->Find(name));
+  }
   std::vector<Flag> flags_;
 };
 
