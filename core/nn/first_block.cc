@@ -94,15 +94,22 @@ inline void GradRow(const float* x, int64_t s, int d, int h, int kd0, int width,
   constexpr int kNt = G * K * K;
   __m512 acc[kNt];
   for (int t = 0; t < kNt; ++t) acc[t] = _mm512_setzero_ps();
-  const float* rows[G * K];
+  const float* row0 = x + ((d + kd0) * s + h) * s;
+  int64_t offset[G * K];  // of each (kd, kh) input row from row0
   for (int g = 0; g < G; ++g) {
-    for (int kh = 0; kh < K; ++kh) rows[g * K + kh] = x + ((d + kd0 + g) * s + (h + kh)) * s;
+    for (int kh = 0; kh < K; ++kh) offset[g * K + kh] = (g * s + kh) * s;
   }
   for (int w = 0; w < width; ++w) {
-    __m512 dv = _mm512_load_ps(dconv + w * kLanes);
+    const float* xw = row0 + w;
+    // Opaque to the optimiser: without this GCC carries the broadcasts of one position into the
+    // next (x[w + kw] is x[(w + 1) + kw - 1]) and spills them to the stack as 64-byte vectors,
+    // which made this loop store-bound (177 GFLOP/s for sc18's conv0 backward). A fresh broadcast
+    // load per FMA is what the hardware does best.
+    asm("" : "+r"(xw));
+    const __m512 dv = _mm512_load_ps(dconv + w * kLanes);
     for (int r = 0; r < G * K; ++r) {
       for (int kw = 0; kw < K; ++kw) {
-        acc[r * K + kw] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][w + kw]), dv, acc[r * K + kw]);
+        acc[r * K + kw] = _mm512_fmadd_ps(_mm512_set1_ps(xw[offset[r] + kw]), dv, acc[r * K + kw]);
       }
     }
   }

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <numeric>
+#include <string>
 
 #include "tests/nn/test_util.h"
 
@@ -56,6 +58,64 @@ TEST(NetworkLayerTest, BackwardMatchesFiniteDifferences) {
     SCOPED_TRACE(c.name);
     ExpectGradientsMatchFiniteDifferences(CaseSpec(c, {DenseL(3)}, 3), 2);
   }
+}
+
+// Stride-1 convolutions may compute diff_src as a forward convolution with transposed, flipped
+// weights (see ConvOp): both that path and oneDNN's backward-data kernel, forced in turn, must match
+// finite differences, and the 16-channel case must agree between the two.
+TEST(NetworkLayerTest, BackwardDataPathsMatchFiniteDifferences) {
+  for (const char* mode : {"transposed", "onednn"}) {
+    ScopedEnv env("COSMOFLOW_CONV_BWD_DATA", mode);
+    for (const auto& c : LayerCases()) {
+      SCOPED_TRACE(std::string(mode) + " " + c.name);
+      ExpectGradientsMatchFiniteDifferences(CaseSpec(c, {DenseL(3)}, 3), 2);
+    }
+  }
+}
+
+TEST(NetworkLayerTest, TransposedBackwardDataIsChosenForOneChannelBlockAndAgrees) {
+  // 16 input channels (one block) into a k4 valid and a k3 same conv, like sc18's conv1.
+  ModelSpec spec = MakeSpec(2, 12, {ConvL(16, 2), ConvL(16, 4), LeakyL(0.01f), ConvL(16, 3, 1, true), FlattenL(),
+                                    DenseL(3)}, 3);
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  const int batch = 2;
+  auto x = RandomVector(InputSize(spec) * batch, 21);
+  auto r = RandomVector(batch * 3, 22);
+  std::vector<float> y(batch * 3);
+  std::vector<std::vector<float>> grads[2];
+  const char* modes[2] = {nullptr, "onednn"};
+  for (int m = 0; m < 2; ++m) {
+    std::unique_ptr<Network> net;
+    {
+      std::unique_ptr<ScopedEnv> env;
+      if (modes[m]) env = std::make_unique<ScopedEnv>("COSMOFLOW_CONV_BWD_DATA", modes[m]);
+      net = MakeNet(spec, batch, true);
+    }
+    ASSERT_TRUE(net);
+    net->SetProfiling(true);
+    net->Forward(x.data(), y.data());
+    net->Backward(r.data());
+    const std::string report = net->ProfileReport();
+    // Default rule: the fp32 16-input-channel convs (conv1, conv2) take the transposed path.
+    const size_t transposed = [&] {
+      size_t count = 0;
+      for (size_t at = report.find("bwd_d=transposed_fwd"); at != std::string::npos;
+           at = report.find("bwd_d=transposed_fwd", at + 1)) {
+        ++count;
+      }
+      return count;
+    }();
+    EXPECT_EQ(transposed, m == 0 ? 2u : 0u) << report;
+    for (const auto& p : net->parameters()) grads[m].emplace_back(p.grad, p.grad + p.numel());
+  }
+  for (size_t pi = 0; pi < grads[0].size(); ++pi) {
+    double max_g = 1e-6;
+    for (float g : grads[1][pi]) max_g = std::max(max_g, double(std::abs(g)));
+    for (size_t i = 0; i < grads[0][pi].size(); ++i) {
+      ASSERT_NEAR(grads[0][pi][i], grads[1][pi][i], 1e-4 * max_g) << "parameter " << pi << "[" << i << "]";
+    }
+  }
+  ExpectGradientsMatchFiniteDifferences(spec, batch);
 }
 
 TEST(NetworkLayerTest, DenseStackAndScaledTanh) {
