@@ -173,6 +173,45 @@ TEST(NetworkFirstBlockTest, FusedAndGenericPathsAgree) {
   }
 }
 
+// fp32 training runs channels-last after the fused first block when oneDNN has real kernels for it
+// (PreferredSrcLayout): the numbers must not depend on the layout.
+TEST(NetworkFirstBlockTest, ChannelsLastAndBlockedLayoutsAgree) {
+  // sc18's first two blocks at 36^3: 36 -> conv3 34 -> pool 17 -> conv4 14 -> pool 7 -> conv3 5.
+  ModelSpec spec = MakeSpec(1, 36, {ConvL(16, 3), LeakyL(0.01f), PoolL(false, 2), ConvL(32, 4), LeakyL(0.01f),
+                                    PoolL(false, 2), ConvL(16, 3), LeakyL(0.01f), FlattenL(), DenseL(3)}, 3);
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  const int batch = 2;
+  auto x = RandomVector(InputSize(spec) * batch, 31, 0.f, 2.f);
+  auto r = RandomVector(batch * 3, 32);
+  std::unique_ptr<Network> nets[2];
+  nets[0] = MakeNet(spec, batch, true);
+  {
+    ScopedEnv env("COSMOFLOW_CHANNELS_LAST", "0");
+    nets[1] = MakeNet(spec, batch, true);
+  }
+  ASSERT_TRUE(nets[0] && nets[1]);
+  std::vector<float> y[2] = {std::vector<float>(batch * 3), std::vector<float>(batch * 3)};
+  std::string reports[2];
+  for (int m = 0; m < 2; ++m) {
+    nets[m]->SetProfiling(true);
+    nets[m]->Forward(x.data(), y[m].data());
+    nets[m]->Backward(r.data());
+    reports[m] = nets[m]->ProfileReport();
+  }
+  // The default network did switch to channels-last (oneDNN's brgemm forward runs only on ndhwc).
+  EXPECT_NE(reports[0].find("brgconv"), std::string::npos) << reports[0];
+  EXPECT_EQ(reports[1].find("brgconv"), std::string::npos) << reports[1];
+  for (int i = 0; i < batch * 3; ++i) EXPECT_NEAR(y[0][i], y[1][i], 1e-4f * (1 + std::abs(y[1][i])));
+  for (size_t pi = 0; pi < nets[0]->parameters().size(); ++pi) {
+    const auto& a = nets[0]->parameters()[pi];
+    const auto& b = nets[1]->parameters()[pi];
+    double max_g = 1e-6;
+    for (int64_t i = 0; i < b.numel(); ++i) max_g = std::max(max_g, double(std::abs(b.grad[i])));
+    for (int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(a.grad[i], b.grad[i], 1e-4 * max_g) << a.name << "[" << i << "]";
+  }
+  ExpectGradientsMatchFiniteDifferences(spec, batch);
+}
+
 TEST(NetworkTest, SmallNetworksMatchReference) {
   for (const char* name : {"tiny32", "small64"}) {
     SCOPED_TRACE(name);
