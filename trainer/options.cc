@@ -118,7 +118,7 @@ StatusOr<std::vector<double>> ToList(const std::string& flag, const std::string&
   return *x;
 }
 
-Status Apply(TrainerOptions& o, bool& recipe_set, const std::string& k, const std::string& v) {
+Status Apply(TrainerOptions& o, const std::string& k, const std::string& v) {
   if (k == "spec")
     o.spec = v;
   else if (k == "train")
@@ -140,7 +140,6 @@ Status Apply(TrainerOptions& o, bool& recipe_set, const std::string& k, const st
     o.batch = static_cast<int>(x);
   } else if (k == "recipe") {
     CF_ASSIGN_OR_RETURN(o.lr.recipe, ParseLrRecipe(v));
-    recipe_set = true;
   } else if (k == "optimizer") {
     if (v != "sgd" && v != "adam") return Bad(k, v, "expected sgd or adam");
     o.optimizer = v;
@@ -253,7 +252,6 @@ StatusOr<TrainerOptions> ParseTrainerOptions(int argc, char** argv, bool* help) 
   }
 
   TrainerOptions o;
-  bool recipe_set = false;
   // The config file first, so that command-line flags override it.
   for (const auto& [k, v] : flags) {
     if (k != "config") continue;
@@ -270,18 +268,17 @@ StatusOr<TrainerOptions> ParseTrainerOptions(int argc, char** argv, bool* help) 
       if (it.key() == "config" || it.key() == "help" || !FindFlag(it.key())) {
         return InvalidArgumentError("--config=" + v + ": unknown key '" + it.key() + "'");
       }
-      Status s = Apply(o, recipe_set, it.key(), JsonValueToString(it.value()));
+      Status s = Apply(o, it.key(), JsonValueToString(it.value()));
       if (!s.ok()) return s.WithContext("--config=" + v);
     }
   }
   for (const auto& [k, v] : flags) {
-    if (k != "config") CF_RETURN_IF_ERROR(Apply(o, recipe_set, k, v));
+    if (k != "config") CF_RETURN_IF_ERROR(Apply(o, k, v));
   }
   if (o.train_path.empty())
     return InvalidArgumentError("--train is required (a shard file or directory)");
   if (o.out_dir.empty()) return InvalidArgumentError("--out is required (the run directory)");
   if (o.optimizer.empty()) o.optimizer = o.lr.recipe == LrRecipe::kSc18 ? "adam" : "sgd";
-  (void)recipe_set;
   return o;
 }
 
