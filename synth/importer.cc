@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -103,10 +104,9 @@ Status ImportMlperf(const std::vector<std::string>& files, const ImportOptions& 
   if (o.prefix.empty() || o.prefix.find('/') != std::string::npos) {
     return InvalidArgumentError("import: prefix '" + o.prefix + "' must be a non-empty file name");
   }
-  if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return FailedPreconditionError(o.out_dir +
-                                   ": cannot create directory: " + std::strerror(errno));
-  }
+  std::error_code ec;  // parents too, as mkdir -p
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return FailedPreconditionError(o.out_dir + ": cannot create directory: " + ec.message());
   std::unique_ptr<std::ofstream> report;
   if (!o.report_path.empty()) {
     report = std::make_unique<std::ofstream>(o.report_path);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -218,9 +219,10 @@ int main(int argc, char** argv) {
   }
 
   const bool single_file = EndsWith(out, ".h5");
-  if (!single_file && ::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Fail(FailedPreconditionError(out + ": cannot create directory: " + std::strerror(errno)),
-                1);
+  if (!single_file) {
+    std::error_code ec;  // parents too, as mkdir -p: "--out runs/a/train" on a fresh machine
+    std::filesystem::create_directories(out, ec);
+    if (ec) return Fail(FailedPreconditionError(out + ": cannot create directory: " + ec.message()), 1);
   }
   if (single_file) samples_per_shard = samples;
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 namespace cosmoflow {
 namespace {
@@ -100,6 +101,20 @@ TEST(SpecTest, InputTransforms) {
   EXPECT_FLOAT_EQ(out[4], 1.f);
   ApplyInputTransform(InputTransform::kNone, counts, 6, 3, out);
   EXPECT_FLOAT_EQ(out[2], 3.f);
+  // log1p of int16 counts comes from a table: the same bits as std::log1p for every int16 value
+  // (negative ones included: -1 -> -inf, below -1 NaN; the server refuses those before).
+  std::vector<int16_t> all(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = static_cast<int16_t>(i - 32768);
+  std::vector<float> logs(all.size());
+  ApplyInputTransform(InputTransform::kLog1p, all.data(), int64_t(all.size()), 0, logs.data());
+  for (int i = 0; i < 65536; ++i) {
+    const float want = std::log1p(static_cast<float>(all[i]));
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(logs[i])) << all[i];
+    } else {
+      ASSERT_EQ(logs[i], want) << all[i];
+    }
+  }
   auto outs = CosmoFlowOutputs(4);
   ASSERT_EQ(outs.size(), 4u);
   EXPECT_EQ(outs[3].name, "H0");

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -109,6 +110,19 @@ TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
     EXPECT_GE((*p)[3], 63.0f);
     EXPECT_LE((*p)[3], 77.0f);
   }
+}
+
+TEST(SynthCliTest, CreatesMissingParentDirectoriesAndNamesAnUnusableOne) {
+  TempDir dir("synth-cli-dirs");
+  const std::string common = " --side 8 --voxel-size 2 --samples 1 --threads 1 --quiet --displacement za";
+  std::string err;
+  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "runs/one/train" + common, dir / "err", &err), 0) << err;
+  EXPECT_TRUE(std::filesystem::exists(dir / "runs/one/train/synth-00000000.h5"));
+  // A regular file where a parent directory should be: exit 1, one line naming the path.
+  testing::WriteAll(dir / "blocker", "x");
+  EXPECT_EQ(RunCommand(kSynth + " --out " + dir / "blocker/train" + common, dir / "err", &err), 1);
+  EXPECT_NE(err.find("blocker/train: cannot create directory"), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
 TEST(SynthCliTest, BadFlagsGiveOneLineAndStatus2) {
