@@ -2,12 +2,13 @@
 """Accuracy table and plots: the network against the trivial predictor and the P(k) baseline.
 
 Inputs are CSV files with columns index, true_<param>..., pred_<param>... on the same test set
-(the network's predictions, and tools/pk_baseline.py's). The trivial predictor always answers the
+(the network's predictions, optionally the same averaged over the cube's symmetries, and
+tools/pk_baseline.py's). The trivial predictor always answers the
 mean of the training labels (--train-mean, or the mean of the test labels if not given).
 Writes <out>/accuracy.md (table), <out>/accuracy.json and <out>/pred_vs_true.png (one panel per
-parameter, network and baseline, with the diagonal). Exits 1 with one line if an input is unusable.
+parameter, network (its symmetry mean if given) and baseline, with the diagonal). Exits 1 with one line if an input is unusable.
 
-Usage: accuracy_report.py --network net.csv --baseline pk.csv --train-mean "0.3,0.865,0.95" --out DIR
+Usage: accuracy_report.py --network net.csv [--network-sym net_sym48.csv] --baseline pk.csv --train-mean "0.3,0.865,0.95" --out DIR
 """
 import argparse
 import csv
@@ -41,6 +42,7 @@ def metrics(true, pred):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--network", required=True)
+    ap.add_argument("--network-sym", help="the network's predictions averaged over the cube's symmetries")
     ap.add_argument("--baseline")
     ap.add_argument("--train-mean")
     ap.add_argument("--out", required=True)
@@ -55,6 +57,12 @@ def main():
         if bnames != names or btrue.shape != true.shape or not np.allclose(btrue, true, rtol=1e-4):
             sys.exit("accuracy_report.py: network and baseline CSVs are not on the same test set")
         results["pk_baseline"] = metrics(true, base)
+    sym = None
+    if args.network_sym:
+        snames, strue, sym = read(args.network_sym)
+        if snames != names or strue.shape != true.shape or not np.allclose(strue, true, rtol=1e-4):
+            sys.exit("accuracy_report.py: network and symmetry-averaged CSVs are not on the same test set")
+        results["network_sym"] = metrics(true, sym)
     mean = (np.array([float(v) for v in args.train_mean.split(",")]) if args.train_mean else true.mean(0))
     if len(mean) != len(names):
         sys.exit(f"accuracy_report.py: --train-mean has {len(mean)} values for {len(names)} parameters")
@@ -68,7 +76,7 @@ def main():
              "| parameter | predictor | RMS error | mean relative error | RMS / trivial RMS |",
              "|---|---|---|---|---|"]
     for j, n in enumerate(names):
-        for who in ["network", "pk_baseline", "trivial"]:
+        for who in ["network", "network_sym", "pk_baseline", "trivial"]:
             if who not in results:
                 continue
             m = results[who]
@@ -91,8 +99,11 @@ def main():
         if base is not None:
             ax.scatter(true[:, j], base[:, j], s=6, alpha=0.5, c="tab:orange",
                        label=f"P(k) baseline (RMS {results['pk_baseline']['rms'][j]:.4f})")
-        ax.scatter(true[:, j], net[:, j], s=6, alpha=0.6, c="tab:blue",
-                   label=f"network (RMS {results['network']['rms'][j]:.4f})")
+        # The symmetry average when there is one (the better network estimate), else the plain one.
+        shown, key, label = (sym, "network_sym", "network, symmetry mean") if sym is not None else \
+            (net, "network", "network")
+        ax.scatter(true[:, j], shown[:, j], s=6, alpha=0.6, c="tab:blue",
+                   label=f"{label} (RMS {results[key]['rms'][j]:.4f})")
         ax.set_xlabel(f"true {n}")
         ax.set_ylabel(f"predicted {n}")
         ax.set_xlim(lo - pad, hi + pad)

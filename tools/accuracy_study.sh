@@ -5,8 +5,8 @@
 #
 # Usage: tools/accuracy_study.sh [OUT_DIR]   (default ./accuracy-out; needs a build in ./build)
 # Scale is set by environment variables (defaults = the run reported in docs/accuracy.md):
-#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 SPEC=tools/specs/study32x4.json N_TRAIN=32768 N_VAL=512
-#   N_TEST=1024 EPOCHS=30 BATCH=8 LR=0.001 PRECISION=fp32 SYNTH_ARGS=""
+#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 SPEC=tools/specs/study32x4.json N_TRAIN=16384 N_VAL=512
+#   N_TEST=1024 EPOCHS=30 BATCH=8 LR=0.001 PRECISION=fp32 SYNTH_ARGS="" SYMMETRIES=48
 # Data already in OUT_DIR/data is reused; TRAIN=0 also reuses a finished OUT_DIR/run (re-report only).
 # 32^3 voxels of 8 Mpc/h = a 256 Mpc/h box (the modes that carry sigma_8 and the shape of P(k)),
 # four redshifts of the same initial field as in the MLPerf data (their growth carries Omega_M).
@@ -15,9 +15,12 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$here/accuracy-out}")
 build=${BUILD_DIR:-$here/build}
 SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4.json}
-N_TRAIN=${N_TRAIN:-32768}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
+N_TRAIN=${N_TRAIN:-16384}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
 EPOCHS=${EPOCHS:-30}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}; SYNTH_ARGS=${SYNTH_ARGS:-}
 TRAIN=${TRAIN:-1}
+SYMMETRIES=${SYMMETRIES:-48}  # test-time average over this many of the cube's 48 symmetries (1 = none)
+case "$SYMMETRIES" in ''|*[!0-9]*) echo "accuracy_study.sh: SYMMETRIES=$SYMMETRIES: expected 1..48" >&2; exit 2;; esac
+[ "$SYMMETRIES" -ge 1 ] && [ "$SYMMETRIES" -le 48 ] || { echo "accuracy_study.sh: SYMMETRIES=$SYMMETRIES: expected 1..48" >&2; exit 2; }
 for b in synth/synth trainer/cosmoflow-train server/cosmoflow-server; do
   [ -x "$build/$b" ] || { echo "accuracy_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
 done
@@ -56,9 +59,10 @@ rm -f "$out/grpc.port"  # a stale one from an earlier run would point the client
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 1 150); do [ -s "$out/grpc.port" ] && break; sleep 0.2; done
-/usr/bin/python3 - "$here" "127.0.0.1:$(cat "$out/grpc.port")" "$out/data/test" "$out/network.csv" <<'PY'
-import glob, sys, time, h5py, numpy as np
-here, addr, test, csv = sys.argv[1:5]
+/usr/bin/python3 - "$here" "127.0.0.1:$(cat "$out/grpc.port")" "$out/data/test" "$out/network.csv" "$SYMMETRIES" <<'PY'
+import glob, itertools, sys, time, h5py, numpy as np
+here, addr, test, csv, nsym = sys.argv[1:6]
+nsym = int(nsym)
 sys.path.insert(0, f"{here}/client/python")
 from cosmoflow_client import CosmoFlowClient
 client = CosmoFlowClient(addr, timeout=1800)
@@ -75,16 +79,31 @@ for f in sorted(glob.glob(f"{test}/*.h5")):
         names = [s.decode() if isinstance(s, bytes) else s for s in h.attrs["param_names"]]
         cubes += list(h["cubes"][:]); params.append(h["params"][:])
 params = np.concatenate(params)
-with open(csv, "w") as out:
-    out.write("index," + ",".join("true_" + n for n in names) + "," + ",".join("pred_" + n for n in names) + "\n")
-    results = dict(client.predict_stream(cubes))
-    for i in range(len(cubes)):
-        r = results[i]
-        if isinstance(r, str):
-            sys.exit(f"accuracy_study.sh: test cube {i}: {r}")
-        p = [r["parameters"][n] for n in names]
-        out.write(f"{i}," + ",".join(f"{v:.6g}" for v in params[i]) + "," + ",".join(f"{v:.6g}" for v in p) + "\n")
-print(f"   {len(cubes)} test cubes predicted by {client.info()['version']}")
+# The cube's symmetries (axis permutations x reflections of the three spatial axes; the identity
+# first): the field is statistically isotropic and the network was trained on all 48, so the mean
+# of its predictions over them is a lower-variance estimate (test-time augmentation).
+symmetries = [(perm, flips) for perm in itertools.permutations((1, 2, 3))
+              for flips in itertools.product((False, True), repeat=3)][:nsym]
+def variants():
+    for c in cubes:
+        for perm, flips in symmetries:
+            v = np.transpose(c, (0,) + perm)
+            axes = tuple(a for a, f in zip((1, 2, 3), flips) if f)
+            yield np.ascontiguousarray(np.flip(v, axes) if axes else v)
+preds = np.zeros((len(cubes), len(symmetries), len(names)))
+for k, r in client.predict_stream(variants()):
+    if isinstance(r, str):
+        sys.exit(f"accuracy_study.sh: test cube {k // len(symmetries)}: {r}")
+    preds[k // len(symmetries), k % len(symmetries)] = [r["parameters"][n] for n in names]
+def write(path, p):
+    with open(path, "w") as out:
+        out.write("index," + ",".join("true_" + n for n in names) + "," + ",".join("pred_" + n for n in names) + "\n")
+        for i in range(len(cubes)):
+            out.write(f"{i}," + ",".join(f"{v:.6g}" for v in params[i]) + "," + ",".join(f"{v:.6g}" for v in p[i]) + "\n")
+write(csv, preds[:, 0])
+if len(symmetries) > 1:
+    write(csv.replace(".csv", f"_sym{len(symmetries)}.csv"), preds.mean(1))
+print(f"   {len(cubes)} test cubes x {len(symmetries)} symmetries predicted by {client.info()['version']}")
 PY
 kill -TERM $pid; wait $pid || true; trap - EXIT
 
@@ -95,6 +114,7 @@ import glob,h5py,numpy as np
 p=np.concatenate([h5py.File(f)['params'][:] for f in sorted(glob.glob('$out/data/train/*.h5'))])
 print(','.join(f'{v:.6f}' for v in p.mean(0)))")
 echo "== report (trivial predictor = training mean $mean)"
-/usr/bin/python3 "$here/tools/accuracy_report.py" --network "$out/network.csv" --baseline "$out/pk_baseline.csv" \
-  --train-mean "$mean" --out "$out"
+sym=(); [ "$SYMMETRIES" -gt 1 ] && sym=(--network-sym "$out/network_sym$SYMMETRIES.csv")
+/usr/bin/python3 "$here/tools/accuracy_report.py" --network "$out/network.csv" "${sym[@]}" \
+  --baseline "$out/pk_baseline.csv" --train-mean "$mean" --out "$out"
 echo "accuracy study done in $(( $(date +%s) - t0 )) s: $out/accuracy.md, $out/pred_vs_true.png"
