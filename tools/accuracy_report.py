@@ -51,17 +51,21 @@ def main():
 
     names, true, net = read(args.network)
     results = {"network": metrics(true, net)}
-    base = None
-    if args.baseline:
-        bnames, btrue, base = read(args.baseline)
-        if bnames != names or btrue.shape != true.shape or not np.allclose(btrue, true, rtol=1e-4):
-            sys.exit("accuracy_report.py: network and baseline CSVs are not on the same test set")
+
+    def other(path, what):
+        """Predictions from another CSV, which must cover the same test cubes as the network's."""
+        if not path:
+            return None
+        onames, otrue, pred = read(path)
+        if onames != names or otrue.shape != true.shape or not np.allclose(otrue, true, rtol=1e-4):
+            sys.exit(f"accuracy_report.py: the network and {what} CSVs are not on the same test set")
+        return pred
+
+    base = other(args.baseline, "baseline")
+    if base is not None:
         results["pk_baseline"] = metrics(true, base)
-    sym = None
-    if args.network_sym:
-        snames, strue, sym = read(args.network_sym)
-        if snames != names or strue.shape != true.shape or not np.allclose(strue, true, rtol=1e-4):
-            sys.exit("accuracy_report.py: network and symmetry-averaged CSVs are not on the same test set")
+    sym = other(args.network_sym, "symmetry-averaged")
+    if sym is not None:
         results["network_sym"] = metrics(true, sym)
     mean = (np.array([float(v) for v in args.train_mean.split(",")]) if args.train_mean else true.mean(0))
     if len(mean) != len(names):
