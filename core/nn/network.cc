@@ -401,18 +401,24 @@ class ConvOp : public Op {
   void SetUpTransposedBwdData(Ctx& c) {
     const int64_t ic = geom_.ic, oc = geom_.oc, k = geom_.k;
     const Dims tr_dims = {ic, oc, k, k, k};
-    auto pd = dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                        dst_md, memory::desc(tr_dims, c.dt, Tag::any), conv_src_md_, {1, 1, 1},
-                                        {k - 1 - geom_.pad_left, k - 1 - geom_.pad_left, k - 1 - geom_.pad_left},
-                                        {k - 1 - geom_.pad_right, k - 1 - geom_.pad_right, k - 1 - geom_.pad_right}),
-        c.eng);
-    if (IsRef(pd.impl_info_str())) {  // no real kernel for these layouts: keep oneDNN's backward-data
+    const int64_t pl = k - 1 - geom_.pad_left, pr = k - 1 - geom_.pad_right;
+    dnnl::convolution_forward::primitive_desc pd;
+    try {
+      pd = dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                          dst_md, memory::desc(tr_dims, c.dt, Tag::any), conv_src_md_, {1, 1, 1},
+                                          {pl, pl, pl}, {pr, pr, pr}),
+          c.eng);
+    } catch (const dnnl::error&) {
+      // no implementation at all for these layouts: handled below like a reference one
+    }
+    if (!pd || IsRef(pd.impl_info_str())) {  // no real kernel: keep oneDNN's backward-data
       bwd_d_ = dnnl::convolution_backward_data(bwd_d_pd_);
       impl_ += std::string(" bwd_d=") + bwd_d_pd_.impl_info_str();
       return;
     }
     transposed_bwd_d_ = true;
+    weights_.has_bwd = false;  // the flipped copy below replaces the backward-data working weights
     tr_fwd_ = dnnl::convolution_forward(pd);
     impl_ += std::string(" bwd_d=transposed_fwd:") + pd.impl_info_str();
     tr_plain_.assign(ic * oc * k * k * k, 0.f);
