@@ -1,5 +1,5 @@
 // Times one mode of the engine and prints one JSON line in the peer's format
-// (../shared/peers/torch_cosmoflow.py), so run_engine_bench.sh can put them side by side.
+// (../shared/peers/torch_cosmoflow.py), so run_engine_bench.py can put them side by side.
 //
 //   engine_bench --model sc18 --mode train --precision bf16 --batch 4 --iters 5 --warmup 2 [--profile]
 //
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/flags.h"
 #include "core/nn/loss.h"
 #include "core/nn/network.h"
 #include "core/nn/optimizer.h"
@@ -23,29 +24,36 @@ using namespace cosmoflow;  // NOLINT
 
 int main(int argc, char** argv) {
   std::string model = "sc18", mode = "train", precision = "fp32";
-  int batch = 4, iters = 5, warmup = 2;
-  bool profile = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "missing value for %s\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--model") model = next();
-    else if (a == "--mode") mode = next();
-    else if (a == "--precision") precision = next();
-    else if (a == "--batch") batch = std::stoi(next());
-    else if (a == "--iters") iters = std::stoi(next());
-    else if (a == "--warmup") warmup = std::stoi(next());
-    else if (a == "--profile") profile = true;
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
-      return 2;
-    }
+  int64_t batch64 = 4, iters64 = 5, warmup64 = 2;
+  bool profile = false, help = false;
+  FlagParser flags;
+  flags.AddString("model", &model, "built-in spec: sc18, mlperf, tiny32, small64, mlperf64");
+  flags.AddString("mode", &mode, "train (forward, loss, backward, SGD step) or infer");
+  flags.AddString("precision", &precision, "fp32 or bf16");
+  flags.AddInt("batch", &batch64, "cubes per step");
+  flags.AddInt("iters", &iters64, "timed steps (the median is reported)");
+  flags.AddInt("warmup", &warmup64, "untimed steps first");
+  flags.AddBool("profile", &profile, "per-op time table on stderr");
+  flags.AddBool("help", &help, "this text");
+  std::vector<std::string> positional;
+  if (Status st = flags.Parse(argc, argv, &positional); !st.ok() || !positional.empty()) {
+    std::fprintf(stderr, "engine_bench: %s\n",
+                 st.ok() ? ("unexpected argument '" + positional[0] + "'").c_str() : st.message().c_str());
+    return 2;
   }
+  if (help) {
+    std::printf("usage: engine_bench [flags]\n%s", flags.Usage().c_str());
+    return 0;
+  }
+  if (mode != "train" && mode != "infer") {
+    std::fprintf(stderr, "engine_bench: --mode=%s: expected train or infer\n", mode.c_str());
+    return 2;
+  }
+  if (batch64 < 1 || batch64 > 4096 || iters64 < 1 || iters64 > 100000 || warmup64 < 0 || warmup64 > 100000) {
+    std::fprintf(stderr, "engine_bench: --batch must be 1..4096, --iters 1..100000, --warmup 0..100000\n");
+    return 2;
+  }
+  const int batch = static_cast<int>(batch64), iters = static_cast<int>(iters64), warmup = static_cast<int>(warmup64);
   auto spec = BuiltinSpec(model);
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
