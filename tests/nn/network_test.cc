@@ -82,39 +82,23 @@ TEST(NetworkLayerTest, TransposedBackwardDataIsChosenForOneChannelBlockAndAgrees
   auto x = RandomVector(InputSize(spec) * batch, 21);
   auto r = RandomVector(batch * 3, 22);
   std::vector<float> y(batch * 3);
-  std::vector<std::vector<float>> grads[2];
-  const char* modes[2] = {nullptr, "onednn"};
+  // Default rule: the fp32 16-input-channel convs (conv1, conv2) take the transposed path.
+  std::unique_ptr<Network> nets[2] = {MakeNet(spec, batch, true),
+                                      MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_CONV_BWD_DATA", "onednn")};
   for (int m = 0; m < 2; ++m) {
-    std::unique_ptr<Network> net;
-    {
-      std::unique_ptr<ScopedEnv> env;
-      if (modes[m]) env = std::make_unique<ScopedEnv>("COSMOFLOW_CONV_BWD_DATA", modes[m]);
-      net = MakeNet(spec, batch, true);
+    ASSERT_TRUE(nets[m]);
+    nets[m]->SetProfiling(true);
+    nets[m]->Forward(x.data(), y.data());
+    nets[m]->Backward(r.data());
+    const std::string report = nets[m]->ProfileReport();
+    size_t transposed = 0;
+    for (size_t at = report.find("bwd_d=transposed_fwd"); at != std::string::npos;
+         at = report.find("bwd_d=transposed_fwd", at + 1)) {
+      ++transposed;
     }
-    ASSERT_TRUE(net);
-    net->SetProfiling(true);
-    net->Forward(x.data(), y.data());
-    net->Backward(r.data());
-    const std::string report = net->ProfileReport();
-    // Default rule: the fp32 16-input-channel convs (conv1, conv2) take the transposed path.
-    const size_t transposed = [&] {
-      size_t count = 0;
-      for (size_t at = report.find("bwd_d=transposed_fwd"); at != std::string::npos;
-           at = report.find("bwd_d=transposed_fwd", at + 1)) {
-        ++count;
-      }
-      return count;
-    }();
     EXPECT_EQ(transposed, m == 0 ? 2u : 0u) << report;
-    for (const auto& p : net->parameters()) grads[m].emplace_back(p.grad, p.grad + p.numel());
   }
-  for (size_t pi = 0; pi < grads[0].size(); ++pi) {
-    double max_g = 1e-6;
-    for (float g : grads[1][pi]) max_g = std::max(max_g, double(std::abs(g)));
-    for (size_t i = 0; i < grads[0][pi].size(); ++i) {
-      ASSERT_NEAR(grads[0][pi][i], grads[1][pi][i], 1e-4 * max_g) << "parameter " << pi << "[" << i << "]";
-    }
-  }
+  ExpectSameGradients(*nets[0], *nets[1]);
   ExpectGradientsMatchFiniteDifferences(spec, batch);
 }
 
@@ -151,26 +135,14 @@ TEST(NetworkFirstBlockTest, FusedAndGenericPathsAgree) {
   auto r = RandomVector(batch * 3, 12);
   std::vector<float> y_fused(batch * 3), y_generic(batch * 3);
   auto fused = MakeNet(spec, batch, true);
-  std::unique_ptr<Network> generic;
-  {
-    ScopedEnv env("COSMOFLOW_NO_FUSED_FIRST_BLOCK", "1");
-    generic = MakeNet(spec, batch, true);
-  }
+  auto generic = MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_NO_FUSED_FIRST_BLOCK", "1");
   ASSERT_TRUE(fused && generic);
   fused->Forward(x.data(), y_fused.data());
   generic->Forward(x.data(), y_generic.data());
   for (int i = 0; i < batch * 3; ++i) EXPECT_NEAR(y_fused[i], y_generic[i], 1e-4f * (1 + std::abs(y_generic[i])));
   fused->Backward(r.data());
   generic->Backward(r.data());
-  for (size_t pi = 0; pi < fused->parameters().size(); ++pi) {
-    const auto& a = fused->parameters()[pi];
-    const auto& b = generic->parameters()[pi];
-    double max_g = 1e-6;
-    for (int64_t i = 0; i < b.numel(); ++i) max_g = std::max(max_g, double(std::abs(b.grad[i])));
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      ASSERT_NEAR(a.grad[i], b.grad[i], 1e-4 * max_g) << a.name << "[" << i << "]";
-    }
-  }
+  ExpectSameGradients(*fused, *generic);
 }
 
 // fp32 training runs channels-last after the fused first block when oneDNN has real kernels for it
@@ -183,12 +155,8 @@ TEST(NetworkFirstBlockTest, ChannelsLastAndBlockedLayoutsAgree) {
   const int batch = 2;
   auto x = RandomVector(InputSize(spec) * batch, 31, 0.f, 2.f);
   auto r = RandomVector(batch * 3, 32);
-  std::unique_ptr<Network> nets[2];
-  nets[0] = MakeNet(spec, batch, true);
-  {
-    ScopedEnv env("COSMOFLOW_CHANNELS_LAST", "0");
-    nets[1] = MakeNet(spec, batch, true);
-  }
+  std::unique_ptr<Network> nets[2] = {MakeNet(spec, batch, true),
+                                      MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_CHANNELS_LAST", "0")};
   ASSERT_TRUE(nets[0] && nets[1]);
   std::vector<float> y[2] = {std::vector<float>(batch * 3), std::vector<float>(batch * 3)};
   std::string reports[2];
@@ -202,13 +170,7 @@ TEST(NetworkFirstBlockTest, ChannelsLastAndBlockedLayoutsAgree) {
   EXPECT_NE(reports[0].find("brgconv"), std::string::npos) << reports[0];
   EXPECT_EQ(reports[1].find("brgconv"), std::string::npos) << reports[1];
   for (int i = 0; i < batch * 3; ++i) EXPECT_NEAR(y[0][i], y[1][i], 1e-4f * (1 + std::abs(y[1][i])));
-  for (size_t pi = 0; pi < nets[0]->parameters().size(); ++pi) {
-    const auto& a = nets[0]->parameters()[pi];
-    const auto& b = nets[1]->parameters()[pi];
-    double max_g = 1e-6;
-    for (int64_t i = 0; i < b.numel(); ++i) max_g = std::max(max_g, double(std::abs(b.grad[i])));
-    for (int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(a.grad[i], b.grad[i], 1e-4 * max_g) << a.name << "[" << i << "]";
-  }
+  ExpectSameGradients(*nets[0], *nets[1]);
   ExpectGradientsMatchFiniteDifferences(spec, batch);
 }
 

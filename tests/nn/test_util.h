@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -216,5 +217,28 @@ class ScopedEnv {
   std::string name_, old_;
   bool had_ = false;
 };
+
+// A training network built while environment variable `name` is `value` (the switches between
+// equivalent code paths, e.g. COSMOFLOW_CHANNELS_LAST, are read when the network is built).
+inline std::unique_ptr<Network> MakeTrainingNetWithEnv(const ModelSpec& spec, int batch, const char* name,
+                                                       const char* value) {
+  ScopedEnv env(name, value);
+  return MakeNet(spec, batch, true);
+}
+
+// Every parameter gradient of `a` within rel_tol * max|gradient of the tensor in b| of `b`'s.
+inline void ExpectSameGradients(Network& a, Network& b, double rel_tol = 1e-4) {
+  ASSERT_EQ(a.parameters().size(), b.parameters().size());
+  for (size_t pi = 0; pi < a.parameters().size(); ++pi) {
+    const Parameter& pa = a.parameters()[pi];
+    const Parameter& pb = b.parameters()[pi];
+    ASSERT_EQ(pa.numel(), pb.numel()) << pa.name;
+    double max_g = 1e-6;
+    for (int64_t i = 0; i < pb.numel(); ++i) max_g = std::max(max_g, double(std::abs(pb.grad[i])));
+    for (int64_t i = 0; i < pa.numel(); ++i) {
+      ASSERT_NEAR(pa.grad[i], pb.grad[i], rel_tol * max_g) << pa.name << "[" << i << "]";
+    }
+  }
+}
 
 }  // namespace cosmoflow::testing
