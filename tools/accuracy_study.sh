@@ -19,8 +19,10 @@ N_TRAIN=${N_TRAIN:-16384}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
 EPOCHS=${EPOCHS:-30}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}; SYNTH_ARGS=${SYNTH_ARGS:-}
 TRAIN=${TRAIN:-1}
 SYMMETRIES=${SYMMETRIES:-48}  # test-time average over this many of the cube's 48 symmetries (1 = none)
-case "$SYMMETRIES" in ''|*[!0-9]*) echo "accuracy_study.sh: SYMMETRIES=$SYMMETRIES: expected 1..48" >&2; exit 2;; esac
-[ "$SYMMETRIES" -ge 1 ] && [ "$SYMMETRIES" -le 48 ] || { echo "accuracy_study.sh: SYMMETRIES=$SYMMETRIES: expected 1..48" >&2; exit 2; }
+if ! [[ "$SYMMETRIES" =~ ^[0-9]+$ ]] || (( 10#$SYMMETRIES < 1 || 10#$SYMMETRIES > 48 )); then
+  echo "accuracy_study.sh: SYMMETRIES=$SYMMETRIES: expected 1..48" >&2; exit 2
+fi
+SYMMETRIES=$((10#$SYMMETRIES))  # "08" -> 8, the count the file names use
 for b in synth/synth trainer/cosmoflow-train server/cosmoflow-server; do
   [ -x "$build/$b" ] || { echo "accuracy_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
 done
