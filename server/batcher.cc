@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <omp.h>
+
 #include "core/base/log.h"
 
 namespace cosmoflow {
@@ -178,36 +180,36 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
     return;
   }
 
-  // Inputs were transformed on the gRPC thread for the model current then; after a reload to a
-  // different spec they are redone (or refused if the shape no longer fits).
+  // The cubes are transformed here, straight into the batch (an int16 log1p cube by table lookup,
+  // 0.7 ms per 128^3), rather than on the gRPC threads into a copy of their own: that saved an
+  // 8 MiB allocation and copy per cube, and on two cores any work beside the forward pass preempts
+  // one of its two OpenMP threads, which the other then waits for at every barrier. A request
+  // validated against an earlier model is refused if a reload changed the input shape meanwhile.
   const int64_t elements = model->input_elements();
   const int p = model->num_outputs();
-  const int n = int(live.size());
-  batch_input_.resize(size_t(n) * elements);
-  batch_output_.resize(size_t(n) * p);
   const ModelSpec& spec = model->spec();
   const CubeShape want{spec.input_channels, spec.input_side, spec.input_side, spec.input_side};
   std::vector<InferenceRequest*> computed;
   for (InferenceRequest* r : live) {
-    float* dst = batch_input_.data() + computed.size() * elements;
-    if (r->prepared_for == model) {
-      std::memcpy(dst, r->input.data(), elements * sizeof(float));
-    } else if (r->cube.shape == want) {
-      CubeToNetworkInput(r->cube, spec.input_transform, dst);
+    if (r->cube.shape == want) {
+      computed.push_back(r);
     } else {
       r->done(
           FailedPreconditionError("the model changed to " + model->version() + ", which takes " +
                                   want.ToString() + " cubes, while the request waited"),
           {});
-      continue;
     }
-    computed.push_back(r);
   }
   if (computed.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     computing_ = 0;
     return;
   }
+  batch_input_.resize(computed.size() * size_t(elements));
+  batch_output_.resize(computed.size() * size_t(p));
+#pragma omp parallel for schedule(static) num_threads(std::min<int>(int(computed.size()), omp_get_max_threads()))
+  for (size_t i = 0; i < computed.size(); ++i)
+    CubeToNetworkInput(computed[i]->cube, spec.input_transform, batch_input_.data() + i * elements);
   const int m = int(computed.size());
   const auto compute_start = std::chrono::steady_clock::now();
   model->Forward(m, batch_input_.data(), batch_output_.data());

@@ -36,9 +36,7 @@ struct InferenceResult {
 };
 
 struct InferenceRequest {
-  CubeView cube;             // validated; its bytes must outlive `done`
-  std::vector<float> input;  // the transformed network input, made for `prepared_for`
-  std::shared_ptr<const Model> prepared_for;
+  CubeView cube;  // validated, not yet transformed; its bytes must outlive `done`
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   std::function<bool()> cancelled;  // optional; polled before computing
   // Called exactly once with OK and the result, or the reason the request was not computed.
@@ -53,8 +51,8 @@ struct BatcherOptions {
   // for SC18 at 128^3 on two cores, where 4 MiB requests take tens of ms to arrive).
   std::chrono::microseconds max_queue_delay{-1};
   int max_queue = 64;  // requests waiting (not counting the batch being computed)
-  // When the queue delay has passed but requests are still being validated and transformed on gRPC
-  // threads (128^3 cubes take tens of ms), the batch waits for them up to this much longer: on two
+  // When the queue delay has passed but requests are still being received and validated on gRPC
+  // threads (128^3 cubes take milliseconds), the batch waits for them up to this much longer: on two
   // cores a fuller batch is worth far more than a few ms. 0 = never wait for them.
   std::chrono::microseconds max_prepare_wait{50000};
   // Adaptive early flush: a batch leaves as soon as it holds as many cubes as were recently
@@ -77,7 +75,7 @@ class Batcher {
   // UNAVAILABLE once stopping. On error the requests' `done` is not called (the caller answers).
   Status Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests);
 
-  // Marks a request as being prepared (validated, transformed) so that a batch about to be flushed
+  // Marks a request as being prepared (validated) so that a batch about to be flushed
   // waits for it (see max_prepare_wait). Every BeginPrepare is followed by one EndPrepare, after
   // the Submit of that request (or after giving up on it).
   void BeginPrepare();

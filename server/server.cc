@@ -97,7 +97,7 @@ void FillResponse(const std::string& request_id, const InferenceResult& r, Clock
 
 namespace {
 
-// Tells the batcher a request is being validated and transformed (see max_prepare_wait); ends when
+// Tells the batcher a request is being validated (see max_prepare_wait); ends when
 // the handler has submitted it or given up.
 class PrepareGuard {
  public:
@@ -116,7 +116,8 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
  public:
   explicit Service(InferenceServer* server) : server_(server) {}
 
-  // Validates and transforms one request into a batcher entry. `request` must outlive `done`.
+  // Validates one request into a batcher entry (the batcher transforms it into the network's input
+  // when its batch runs). `request` must outlive `done`.
   StatusOr<std::unique_ptr<InferenceRequest>> Prepare(const v1::PredictRequest& request,
                                                       const std::string& field,
                                                       grpc::CallbackServerContext* ctx) {
@@ -132,9 +133,6 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
         ValidateCube(request.cube(), {spec.input_channels, spec.input_side}, field + ".cube"));
     auto item = std::make_unique<InferenceRequest>();
     item->cube = view;
-    item->input.resize(model->input_elements());
-    CubeToNetworkInput(view, spec.input_transform, item->input.data());
-    item->prepared_for = model;
     if (ctx) {
       item->deadline = ctx->deadline();
       item->cancelled = [ctx] { return ctx->IsCancelled(); };

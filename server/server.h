@@ -39,7 +39,7 @@ struct ServerOptions {
   int max_batch = 4;
   std::chrono::microseconds max_queue_delay{-1};  // negative: automatic (see BatcherOptions)
   int max_queue = 64;
-  // Extra wait for requests still being validated/transformed when a batch is due (BatcherOptions).
+  // Extra wait for requests still being validated when a batch is due (BatcherOptions).
   std::chrono::microseconds max_prepare_wait{50000};
   bool adaptive_batching = true;  // see BatcherOptions::adaptive
   // Largest message accepted and sent, both ways (gRPC's default of 4 MiB is below one 128^3

@@ -36,7 +36,9 @@ class ServerTest : public ::testing::Test {
     auto s = InferenceServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
-    if (load) ASSERT_TRUE(server_->LoadInitialModel().ok());
+    if (load) {
+      ASSERT_TRUE(server_->LoadInitialModel().ok());
+    }
     stub_ = v1::CosmoFlow::NewStub(LoopbackChannel(server_->port()));
   }
 
@@ -523,7 +525,7 @@ TEST_F(ServerTest, BadReloadKeepsTheOldModel) {
     f.write(&c, 1);
   }
   std::ofstream(dir_ / "foreign.h5") << "this is not a checkpoint\n";
-  for (const std::string path : {corrupt, dir_ / "foreign.h5", dir_ / "missing.h5"}) {
+  for (const std::string& path : {corrupt, dir_ / "foreign.h5", dir_ / "missing.h5"}) {
     v1::ReloadModelRequest reload;
     reload.set_checkpoint_path(path);
     v1::ReloadModelResponse resp;

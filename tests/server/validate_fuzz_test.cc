@@ -3,7 +3,9 @@
 // never a crash, never a read outside the data (run under COSMOFLOW_SANITIZE to check the latter).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "server/validate.h"
@@ -150,6 +152,66 @@ TEST(ValidateFuzz, MutatedValidCubesAndRandomWireBytes) {
     CheckResult(c, ValidateCube(c, kExpected));
   }
   EXPECT_GT(parsed, 1000);
+}
+
+// The validator checks values a block (4096 voxels) at a time with a branch-free loop and searches
+// a failing block voxel by voxel: whichever block a bad value lies in, at its edges or inside, the
+// message names the first bad voxel, and values at the edge of the valid range pass.
+TEST(ValidateCube, NamesTheFirstBadVoxelInAnyBlock) {
+  constexpr int kSide = 32;  // 32768 voxels: 8 blocks
+  const int64_t n = int64_t(kSide) * kSide * kSide;
+  auto voxel = [](int64_t i) {  // "(c=0, d=.., h=.., w=..)" of flat index i, one channel
+    return "(c=0, d=" + std::to_string(i / (kSide * kSide)) +
+           ", h=" + std::to_string(i / kSide % kSide) + ", w=" + std::to_string(i % kSide) + ")";
+  };
+  auto make = [&](bool as_float, const std::vector<std::pair<int64_t, float>>& values) {
+    v1::Cube c;
+    for (int e : {1, kSide, kSide, kSide}) c.add_shape(e);
+    c.set_dtype(as_float ? v1::DTYPE_FLOAT32 : v1::DTYPE_INT16);
+    std::string data(size_t(n) * (as_float ? 4 : 2), '\0');
+    for (auto [i, v] : values) {
+      if (as_float) {
+        std::memcpy(&data[4 * i], &v, 4);
+      } else {
+        int16_t k = int16_t(v);
+        std::memcpy(&data[2 * i], &k, 2);
+      }
+    }
+    c.set_data(data);
+    return c;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t at : {int64_t{0}, int64_t{4095}, int64_t{4096}, int64_t{12345}, n - 1}) {
+    const int64_t later = std::min(n - 1, at + 5000);  // a second bad value after the first
+    struct Case {
+      bool as_float;
+      float value;
+      const char* what;
+    };
+    for (const Case& k : {Case{false, -1.f, "negative count -1"},
+                          Case{false, -32768.f, "negative count -32768"},
+                          Case{true, std::nanf(""), "NaN"}, Case{true, inf, "infinite value"},
+                          Case{true, -inf, "infinite value"},
+                          Case{true, -0.5f, "negative value -0.5"},
+                          Case{true, -std::numeric_limits<float>::denorm_min(),
+                               "negative value -1.40129846e-45"}}) {
+      std::vector<std::pair<int64_t, float>> values = {{at, k.value}};
+      if (later != at) values.push_back({later, -2.f});
+      auto r = ValidateCube(make(k.as_float, values), {1, kSide});
+      ASSERT_FALSE(r.ok()) << k.what << " at " << at;
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(r.status().message().find(std::string(k.what) + " at voxel " + voxel(at)),
+                std::string::npos)
+          << r.status().message();
+    }
+  }
+  // The edges of the valid range: -0.0 (compares >= 0), the smallest denormal, FLT_MAX, int16 max.
+  EXPECT_TRUE(ValidateCube(make(true, {{0, -0.f},
+                                       {4096, std::numeric_limits<float>::denorm_min()},
+                                       {n - 1, std::numeric_limits<float>::max()}}),
+                           {1, kSide})
+                  .ok());
+  EXPECT_TRUE(ValidateCube(make(false, {{4095, 32767.f}, {n - 1, 1.f}}), {1, kSide}).ok());
 }
 
 }  // namespace
