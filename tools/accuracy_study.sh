@@ -5,31 +5,45 @@
 #
 # Usage: tools/accuracy_study.sh [OUT_DIR]   (default ./accuracy-out; needs a build in ./build)
 # Scale is set by environment variables (defaults = the run reported in docs/accuracy.md):
-#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 SPEC=tools/specs/study32x4.json N_TRAIN=16384 N_VAL=512
-#   N_TEST=1024 EPOCHS=30 BATCH=8 LR=0.001 PRECISION=fp32 SYNTH_ARGS="" SYMMETRIES=48
+#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 DISPLACEMENT=2lpt PARTICLES=2 SPEC=tools/specs/study32x4m.json
+#   N_TRAIN=16384 N_VAL=512 N_TEST=1024 EPOCHS=60 BATCH=8 LR=0.001 PRECISION=auto SYNTH_ARGS=""
+#   SYMMETRIES=48
 # Data already in OUT_DIR/data is reused; TRAIN=0 also reuses a finished OUT_DIR/run (re-report only).
 # 32^3 voxels of 8 Mpc/h = a 256 Mpc/h box (the modes that carry sigma_8 and the shape of P(k)),
-# four redshifts of the same initial field as in the MLPerf data (their growth carries Omega_M).
+# four redshifts of the same initial field as in the MLPerf data (their growth carries Omega_M),
+# PARTICLES^3 = 8 particles per voxel (one per voxel leaves the field dominated by shot noise).
+# PRECISION=auto is bf16 where the CPU has AVX512-BF16 or AMX, else fp32.
+# The earlier particle-mesh study: DISPLACEMENT=pm PARTICLES=1 SPEC=tools/specs/study32x4.json
+#   EPOCHS=30 PRECISION=fp32 (docs/accuracy.md).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$here/accuracy-out}")
 build=${BUILD_DIR:-$here/build}
-SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4.json}
+SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4m.json}
+DISPLACEMENT=${DISPLACEMENT:-2lpt}; PARTICLES=${PARTICLES:-2}
 N_TRAIN=${N_TRAIN:-16384}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
-EPOCHS=${EPOCHS:-30}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}; SYNTH_ARGS=${SYNTH_ARGS:-}
+EPOCHS=${EPOCHS:-60}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-auto}; SYNTH_ARGS=${SYNTH_ARGS:-}
 TRAIN=${TRAIN:-1}
 SYMMETRIES=${SYMMETRIES:-48}  # test-time average over this many of the cube's 48 symmetries (1 = none)
 if ! [[ "$SYMMETRIES" =~ ^[0-9]+$ ]] || (( 10#$SYMMETRIES < 1 || 10#$SYMMETRIES > 48 )); then
   echo "accuracy_study.sh: SYMMETRIES=$SYMMETRIES: expected 1..48" >&2; exit 2
 fi
 SYMMETRIES=$((10#$SYMMETRIES))  # "08" -> 8, the count the file names use
+if ! [[ "$PARTICLES" =~ ^[1-9]$ ]]; then
+  echo "accuracy_study.sh: PARTICLES=$PARTICLES: expected 1..9 particles per voxel side" >&2; exit 2
+fi
+if [ "$PRECISION" = auto ]; then
+  PRECISION=fp32
+  grep -q -w -E 'avx512_bf16|amx_bf16' /proc/cpuinfo && PRECISION=bf16
+fi
 for b in synth/synth trainer/cosmoflow-train server/cosmoflow-server; do
   [ -x "$build/$b" ] || { echo "accuracy_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
 done
 mkdir -p "$out/data"
 t0=$(date +%s)
-echo "== synthetic universes (${SIDE}^3 x ${VOXEL} Mpc/h, z = $REDSHIFTS): $N_TRAIN train, $N_VAL val, $N_TEST test"
-synth_common=(--side "$SIDE" --voxel-size "$VOXEL" --redshifts "$REDSHIFTS" --quiet)
+echo "== synthetic universes (${SIDE}^3 x ${VOXEL} Mpc/h, z = $REDSHIFTS, $DISPLACEMENT, $((PARTICLES ** 3)) particles per voxel): $N_TRAIN train, $N_VAL val, $N_TEST test"
+synth_common=(--side "$SIDE" --voxel-size "$VOXEL" --redshifts "$REDSHIFTS" --displacement "$DISPLACEMENT"
+  --particles-per-side $((PARTICLES * SIDE)) --quiet)
 # shellcheck disable=SC2206
 synth_common+=($SYNTH_ARGS)
 [ -d "$out/data/train" ] || "$build/synth/synth" --out "$out/data/train" --samples "$N_TRAIN" --seed 11 \

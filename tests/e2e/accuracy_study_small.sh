@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/accuracy_study.sh at toy scale (64 training cubes, one epoch): every stage runs (synthetic
-# universes, 2-rank training, the gRPC server, the 2-symmetry mean, the P(k) baseline, the report)
-# and its outputs are complete. Says nothing about accuracy (docs/accuracy.md does, at full scale).
+# universes (2LPT, 8 particles per voxel), 2-rank training, the gRPC server, the 2-symmetry mean,
+# the P(k) baseline, the report) and its outputs are complete. Says nothing about accuracy (docs/accuracy.md does, at full scale).
 # Usage: accuracy_study_small.sh BUILD_DIR WORK_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,6 +16,11 @@ set -e
 [ "$rc" = 2 ] || fail "SYMMETRIES=49 exited $rc, expected 2"
 [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && [[ "$err" == *"SYMMETRIES=49"* ]] || fail "SYMMETRIES=49 said: $err"
 [ ! -e "$work/bad" ] || fail "SYMMETRIES=49 created $work/bad"
+set +e
+err=$(PARTICLES=0 BUILD_DIR="$build" bash "$here/tools/accuracy_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"PARTICLES=0"* ]] || fail "PARTICLES=0 exited $rc: $err"
+[ ! -e "$work/bad" ] || fail "PARTICLES=0 created $work/bad"
 
 BUILD_DIR="$build" N_TRAIN=64 N_VAL=16 N_TEST=16 EPOCHS=1 SYMMETRIES=2 \
   bash "$here/tools/accuracy_study.sh" "$work/run"
