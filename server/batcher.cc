@@ -207,7 +207,8 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
   }
   batch_input_.resize(computed.size() * size_t(elements));
   batch_output_.resize(computed.size() * size_t(p));
-#pragma omp parallel for schedule(static) num_threads(std::min<int>(int(computed.size()), omp_get_max_threads()))
+  const int threads = std::min<int>(int(computed.size()), omp_get_max_threads());
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (size_t i = 0; i < computed.size(); ++i)
     CubeToNetworkInput(computed[i]->cube, spec.input_transform, batch_input_.data() + i * elements);
   const int m = int(computed.size());
