@@ -1,7 +1,6 @@
 #include "server/batcher.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include <omp.h>
 
