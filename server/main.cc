@@ -50,6 +50,7 @@ bool WriteFile(const std::string& path, const std::string& text) {
 
 int main(int argc, char** argv) {
   using namespace cosmoflow;
+  LimitMallocArenas();
   Flags flags({{"checkpoint", true},
                {"address", true},
                {"metrics-address", true},

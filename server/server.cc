@@ -3,8 +3,10 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -443,6 +445,10 @@ StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
 }
 
 }  // namespace
+
+void LimitMallocArenas() {
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 2);
+}
 
 InferenceServer::InferenceServer(const ServerOptions& options) : options_(options) {}
 

@@ -156,6 +156,7 @@ LevelResult RunLevel(v1::CosmoFlow::Stub* stub, const v1::PredictRequest& reques
 }  // namespace
 
 int main(int argc, char** argv) {
+  LimitMallocArenas();  // as cosmoflow-server does, so that the soak measures the server's heap
   Flags flags({{"spec", true},
                {"max-batch", true},
                {"concurrency", true},
@@ -264,8 +265,8 @@ int main(int argc, char** argv) {
   }
 
   if (soak > 0) {
-    // Two halves: growth in the first half is allocator warm-up (glibc keeps freed 4-8 MiB request
-    // buffers in per-thread arenas); a leak would keep growing in the second.
+    // Two halves: growth in the first half can be allocator warm-up (freed 4-8 MiB request buffers
+    // kept by glibc's arenas, two here); a leak would keep growing in the second.
     const double before = RssMiB();
     LevelResult a = RunLevel(stub.get(), request, 4, soak / 2);
     const double middle = RssMiB();
