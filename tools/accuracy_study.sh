@@ -5,7 +5,7 @@
 #
 # Usage: tools/accuracy_study.sh [OUT_DIR]   (default ./accuracy-out; needs a build in ./build)
 # Scale is set by environment variables (defaults = the run reported in docs/accuracy.md):
-#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 DISPLACEMENT=2lpt PARTICLES=2 SPEC=tools/specs/study32x4m.json
+#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 DISPLACEMENT=2lpt PARTICLES=2 SPEC=tools/specs/study32x4w.json
 #   N_TRAIN=16384 N_VAL=512 N_TEST=1024 EPOCHS=60 BATCH=8 LR=0.001 PRECISION=auto SYNTH_ARGS=""
 #   SYMMETRIES=48
 # Data already in OUT_DIR/data is reused; TRAIN=0 also reuses a finished OUT_DIR/run (re-report only).
@@ -19,7 +19,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$here/accuracy-out}")
 build=${BUILD_DIR:-$here/build}
-SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4m.json}
+SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4w.json}
 DISPLACEMENT=${DISPLACEMENT:-2lpt}; PARTICLES=${PARTICLES:-2}
 N_TRAIN=${N_TRAIN:-16384}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
 EPOCHS=${EPOCHS:-60}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-auto}; SYNTH_ARGS=${SYNTH_ARGS:-}

@@ -19,6 +19,7 @@
 #include "core/base/log.h"
 #include "core/io/dataset.h"
 #include "core/nn/checkpoint.h"
+#include "core/nn/loss.h"
 #include "core/nn/network.h"
 #include "core/nn/optimizer.h"
 #include "core/nn/spec.h"
@@ -142,18 +143,6 @@ uint32_t WeightsChecksum(const std::vector<Parameter>& params) {
   uint32_t crc = 0;
   for (const Parameter& p : params) crc = Crc32c(p.value, p.numel() * sizeof(float), crc);
   return crc;
-}
-
-// Mean squared error over batch x P normalised labels; diff = dLoss/dOutput.
-double MseLoss(const float* pred, const float* target, int64_t n, float* diff) {
-  double sum = 0;
-  const float scale = 2.f / static_cast<float>(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const float e = pred[i] - target[i];
-    sum += static_cast<double>(e) * e;
-    diff[i] = scale * e;
-  }
-  return sum / static_cast<double>(n);
 }
 
 bool WriteFileAtomically(const std::string& path, const std::string& text) {
@@ -749,7 +738,8 @@ int Trainer::Run() {
     lr_ = schedule_->At(step_);
     net_->Forward(batch->src.data(), pred.data());
     window_loss +=
-        MseLoss(pred.data(), batch->labels.data(), static_cast<int64_t>(pred.size()), diff.data());
+        ComputeLoss(LossType::kMse, pred.data(), batch->labels.data(),
+                    static_cast<int64_t>(pred.size()), diff.data());
     reducer_->BeginStep();
     net_->Backward(diff.data(), on_grad_ready);
     // Only now may the reader reuse the buffer: the first layer's weight gradient reads the input.
