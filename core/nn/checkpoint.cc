@@ -248,8 +248,9 @@ StatusOr<std::string> FindLatestCheckpoint(const std::string& dir) {
     const std::string path = dir + "/" + n;
     auto ck = ReadCheckpoint(path);
     if (ck.ok()) return path;
-    if (ck.status().code() != StatusCode::kNotFound)
+    if (ck.status().code() != StatusCode::kNotFound) {
       CF_LOG(WARNING) << "skipping checkpoint " << path << ": " << ck.status().message();
+    }
   }
   return NotFoundError(dir + ": no valid checkpoint");
 }

@@ -1,5 +1,16 @@
 #include "core/nn/first_block.h"
 
+#include <stdexcept>
+
+// The kernel is written in AVX-512 intrinsics and is built only when the compiler targets AVX-512
+// (the default build is -march=native). Elsewhere Supported() is false and the network runs the
+// block as oneDNN's convolution + eltwise + pooling; the other members then only report misuse.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define COSMOFLOW_FIRST_BLOCK_AVX512 1
+#endif
+
+#ifdef COSMOFLOW_FIRST_BLOCK_AVX512
+
 #include <immintrin.h>
 #include <omp.h>
 
@@ -140,12 +151,8 @@ int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 }  // namespace
 
 bool FirstBlockKernel::Supported(int side, int filters, int kernel, int stride, bool same_padding, int pool) {
-#ifdef __AVX512F__
   return filters >= 1 && filters <= kLanes && kernel >= 1 && kernel <= 5 && stride == 1 && !same_padding &&
          pool >= 1 && side >= kernel && (side - kernel + 1) / pool >= 1;
-#else
-  return false;
-#endif
 }
 
 FirstBlockKernel::FirstBlockKernel(int batch, int side, int filters, int kernel, float alpha, int pool,
@@ -349,3 +356,30 @@ void FirstBlockKernel::BackwardWeights(const float* src, const float* weights, c
 }
 
 }  // namespace cosmoflow
+
+#else  // !COSMOFLOW_FIRST_BLOCK_AVX512
+
+namespace cosmoflow {
+namespace {
+
+[[noreturn]] void NotBuilt() {
+  throw std::logic_error("FirstBlockKernel: built without AVX-512; callers must check Supported()");
+}
+
+}  // namespace
+
+bool FirstBlockKernel::Supported(int, int, int, int, bool, int) { return false; }
+
+FirstBlockKernel::FirstBlockKernel(int, int, int, int, float, int, bool, bool, int) { NotBuilt(); }
+
+double FirstBlockKernel::ConvFlops() const { NotBuilt(); }
+
+void FirstBlockKernel::Forward(const float*, const float*, const float*, void*) { NotBuilt(); }
+
+void FirstBlockKernel::BackwardWeights(const float*, const float*, const float*, const void*, float*, float*) {
+  NotBuilt();
+}
+
+}  // namespace cosmoflow
+
+#endif  // COSMOFLOW_FIRST_BLOCK_AVX512

@@ -29,6 +29,8 @@ namespace cosmoflow {
 
 class FirstBlockKernel {
  public:
+  // False when the build does not target AVX-512 (the kernel is AVX-512 only): the network then runs
+  // the block as separate oneDNN primitives. Construct and call the others only when this is true.
   static bool Supported(int side, int filters, int kernel, int stride, bool same_padding, int pool);
 
   FirstBlockKernel(int batch, int side, int filters, int kernel, float alpha, int pool, bool bf16_out,

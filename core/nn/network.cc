@@ -31,6 +31,11 @@ StatusOr<Precision> ParsePrecision(const std::string& name) {
   return InvalidArgumentError("unknown precision '" + name + "' (expected fp32 or bf16)");
 }
 
+bool Bf16Supported() {
+  const auto isa = dnnl::get_effective_cpu_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+
 namespace nn_internal {
 
 uint64_t SplitMix64(uint64_t x) {
@@ -282,7 +287,7 @@ class ConvOp : public Op {
       if (!all_real(fwd_pd_, fwd_pd_.src_desc())) {
         bool found = false;
         const Dims out_dims = {n, oc, out, out, out};
-        for (Tag dt_tag : {Tag::any, Tag::ndhwc, Tag::nCdhw16c}) {
+        for (Tag dt_tag : {Tag::any, Tag::ndhwc, Tag::nCdhw16c, Tag::nCdhw8c, Tag::ncdhw}) {
           for (Tag t : {Tag::any, Tag::nCdhw16c, Tag::nCdhw8c, Tag::ndhwc, Tag::ncdhw}) {
             dnnl::convolution_forward::primitive_desc pd;
             try {
@@ -299,8 +304,10 @@ class ConvOp : public Op {
           if (found) break;
         }
       }
+      // With one input channel ncdhw and ndhwc are the same bytes and compare equal, yet oneDNN picks
+      // its kernels by the layout tag the desc carries: keep the chosen desc even when no reorder is due.
+      conv_src_md_ = fwd_pd_.src_desc();
       if (fwd_pd_.src_desc() != src_md) {
-        conv_src_md_ = fwd_pd_.src_desc();
         conv_src_ = memory(conv_src_md_, c.eng);
         src_reorder_ = dnnl::reorder(src, conv_src_);
         reorder_src_ = true;
@@ -915,11 +922,8 @@ Status NetworkImpl::Build(const ModelSpec& spec, const NetworkOptions& options) 
   ctx_.training = options.training;
   ctx_.batch = options.batch;
   ctx_.seed = options.seed;
-  if (ctx_.dt == Dt::bf16) {
-    auto isa = dnnl::get_effective_cpu_isa();
-    if (isa != dnnl::cpu_isa::avx512_core_bf16 && isa != dnnl::cpu_isa::avx512_core_amx) {
-      return FailedPreconditionError("network: bf16 needs a CPU with AVX512-BF16 or AMX");
-    }
+  if (ctx_.dt == Dt::bf16 && !Bf16Supported()) {
+    return FailedPreconditionError("network: bf16 needs a CPU with AVX512-BF16 or AMX");
   }
   const int64_t n = options.batch, c0 = spec.input_channels, side = spec.input_side;
   outputs_ = static_cast<int>(spec.outputs.size());

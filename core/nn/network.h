@@ -27,6 +27,9 @@ namespace cosmoflow {
 enum class Precision { kFp32, kBf16 };
 const char* PrecisionName(Precision p);
 StatusOr<Precision> ParsePrecision(const std::string& name);  // "fp32" | "bf16"
+// Whether this CPU runs bf16 networks (oneDNN needs AVX512-BF16 or AMX). Without it, building a bf16
+// network fails with FAILED_PRECONDITION rather than falling back to oneDNN's reference loops.
+bool Bf16Supported();
 
 struct NetworkOptions {
   int batch = 1;

@@ -97,6 +97,24 @@ inline std::unique_ptr<Network> MakeNet(const ModelSpec& spec, int batch, bool t
   return std::move(r).value();
 }
 
+// bf16 tests run where the CPU has AVX512-BF16 or AMX. Elsewhere a bf16 network must be refused with
+// FAILED_PRECONDITION naming the missing instructions (checked here), and the test is skipped.
+inline bool Bf16RunsOrIsRefused() {
+  if (Bf16Supported()) return true;
+  NetworkOptions o;
+  o.precision = Precision::kBf16;
+  auto r = Network::Create(*BuiltinSpec("tiny32"), o);
+  EXPECT_FALSE(r.ok());
+  if (!r.ok()) {
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("AVX512-BF16"), std::string::npos) << r.status().message();
+  }
+  return false;
+}
+#define SKIP_WITHOUT_BF16()                                                                         \
+  if (!Bf16RunsOrIsRefused())                                                                       \
+  GTEST_SKIP() << "this CPU has neither AVX512-BF16 nor AMX: bf16 networks are refused (checked)"
+
 // Perturbs every parameter by a small random amount so biases are non-zero in the checks.
 inline void RandomizeBiases(Network& net, uint64_t seed) {
   std::mt19937_64 rng(seed);
