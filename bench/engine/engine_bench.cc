@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,7 +29,7 @@ int main(int argc, char** argv) {
   int64_t batch64 = 4, iters64 = 5, warmup64 = 2;
   bool profile = false, help = false;
   FlagParser flags;
-  flags.AddString("model", &model, "built-in spec: sc18, mlperf, tiny32, small64, mlperf64");
+  flags.AddString("model", &model, "built-in spec (sc18, mlperf, tiny32, small64, mlperf64) or a .json spec file");
   flags.AddString("mode", &mode, "train (forward, loss, backward, SGD step) or infer");
   flags.AddString("precision", &precision, "fp32 or bf16");
   flags.AddInt("batch", &batch64, "cubes per step");
@@ -54,7 +56,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int batch = static_cast<int>(batch64), iters = static_cast<int>(iters64), warmup = static_cast<int>(warmup64);
-  auto spec = BuiltinSpec(model);
+  StatusOr<ModelSpec> spec = NotFoundError("");
+  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".json") == 0) {
+    std::ifstream in(model);
+    std::stringstream text;
+    text << in.rdbuf();
+    spec = in ? ModelSpec::FromJson(text.str()) : NotFoundError(model + ": cannot read the spec file");
+  } else {
+    spec = BuiltinSpec(model);
+  }
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
     return 2;

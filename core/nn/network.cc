@@ -225,10 +225,12 @@ struct FusedLeakyBwd {
 
 bool IsRef(const char* impl) { return std::string(impl).rfind("ref", 0) == 0; }
 
-// Whether oneDNN has non-reference backward kernels for a conv with this concrete src layout.
-bool BackwardIsJit(Ctx& c, const memory::desc& src_md, const dnnl::convolution_forward::primitive_desc& fwd_pd,
-                   int64_t oc, int64_t ic, int64_t k, const memory::desc& b_md, const Dims& strides,
-                   const Dims& padl, const Dims& padr, bool need_bwd_data = true) {
+// The backward-weights and backward-data implementations oneDNN picks for a conv with this concrete
+// src layout.
+std::pair<std::string, std::string> BackwardImpls(Ctx& c, const memory::desc& src_md,
+                                                  const dnnl::convolution_forward::primitive_desc& fwd_pd,
+                                                  int64_t oc, int64_t ic, int64_t k, const memory::desc& b_md,
+                                                  const Dims& strides, const Dims& padl, const Dims& padr) {
   auto w = dnnl::convolution_backward_weights::primitive_desc(
       dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md,
                                                memory::desc({oc, ic, k, k, k}, Dt::f32, Tag::any), b_md,
@@ -239,7 +241,15 @@ bool BackwardIsJit(Ctx& c, const memory::desc& src_md, const dnnl::convolution_f
                                             memory::desc({oc, ic, k, k, k}, c.dt, Tag::any), fwd_pd.dst_desc(),
                                             strides, padl, padr),
       c.eng, fwd_pd);
-  return !IsRef(w.impl_info_str()) && (!need_bwd_data || !IsRef(d.impl_info_str()));
+  return {w.impl_info_str(), d.impl_info_str()};
+}
+
+// Whether oneDNN has non-reference backward kernels for a conv with this concrete src layout.
+bool BackwardIsJit(Ctx& c, const memory::desc& src_md, const dnnl::convolution_forward::primitive_desc& fwd_pd,
+                   int64_t oc, int64_t ic, int64_t k, const memory::desc& b_md, const Dims& strides,
+                   const Dims& padl, const Dims& padr, bool need_bwd_data = true) {
+  auto [w, d] = BackwardImpls(c, src_md, fwd_pd, oc, ic, k, b_md, strides, padl, padr);
+  return !IsRef(w.c_str()) && (!need_bwd_data || !IsRef(d.c_str()));
 }
 
 class ConvOp : public Op {
@@ -276,34 +286,57 @@ class ConvOp : public Op {
     fwd_pd_ = make_fwd(src_md, d_any);
     conv_src_md_ = src_md;
     conv_src_ = src;
-    auto all_real = [&](const dnnl::convolution_forward::primitive_desc& pd, const memory::desc& s_md) {
-      return !IsRef(pd.impl_info_str()) &&
-             (!c.training || BackwardIsJit(c, s_md, pd, oc, ic, k, b_md, strides, padl, padr, !first_op));
+    // -1 when a pass the op runs (forward; in training backward-weights and, but for the first op,
+    // backward-data) would be oneDNN's reference loops, else how many of them run im2col + gemm
+    // rather than a direct kernel. On AVX2 oneDNN 2.6 has no direct 3D backward-weights, and the
+    // blocked layouts' fallback is the reference: ndhwc (direct forward and backward-data, gemm
+    // backward-weights) beats planar ncdhw (gemm for all three).
+    auto gemm_passes = [&](const dnnl::convolution_forward::primitive_desc& pd, const memory::desc& s_md) {
+      std::vector<std::string> impls = {pd.impl_info_str()};
+      if (c.training) {
+        auto [w, d] = BackwardImpls(c, s_md, pd, oc, ic, k, b_md, strides, padl, padr);
+        impls.push_back(w);
+        if (!first_op) impls.push_back(d);
+      }
+      int gemm = 0;
+      for (const auto& impl : impls) {
+        if (IsRef(impl.c_str())) return -1;
+        if (impl.find("gemm") != std::string::npos) ++gemm;
+      }
+      return gemm;
     };
-    if (!all_real(fwd_pd_, src_md)) {
-      // oneDNN's own choice first, then the usual blocked / channels-last / planar layouts for src
-      // and dst (e.g. a 4-channel fp32 training conv has a jit backward-weights only for ndhwc/ndhwc).
+    if (gemm_passes(fwd_pd_, src_md) != 0) {
+      // The incoming layout, oneDNN's own choice, then the usual blocked / channels-last / planar
+      // layouts for src and dst: the first with only direct kernels, else the one with fewest gemm
+      // passes, else oneDNN's choice.
+      // (e.g. a 4-channel fp32 training conv has real backward kernels only for ndhwc/ndhwc.)
+      dnnl::convolution_forward::primitive_desc best;
+      int best_gemm = gemm_passes(fwd_pd_, src_md);
+      if (best_gemm >= 0) best = fwd_pd_;
       fwd_pd_ = make_fwd(memory::desc(in_dims, c.dt, Tag::any), d_any);
-      if (!all_real(fwd_pd_, fwd_pd_.src_desc())) {
-        bool found = false;
-        const Dims out_dims = {n, oc, out, out, out};
-        for (Tag dt_tag : {Tag::any, Tag::ndhwc, Tag::nCdhw16c, Tag::nCdhw8c, Tag::ncdhw}) {
-          for (Tag t : {Tag::any, Tag::nCdhw16c, Tag::nCdhw8c, Tag::ndhwc, Tag::ncdhw}) {
-            dnnl::convolution_forward::primitive_desc pd;
-            try {
-              pd = make_fwd(memory::desc(in_dims, c.dt, t), memory::desc(out_dims, c.dt, dt_tag));
-            } catch (const dnnl::error&) {
-              continue;  // no implementation at all for this pair
-            }
-            if (all_real(pd, pd.src_desc())) {
-              fwd_pd_ = pd;
-              found = true;
-              break;
-            }
-          }
-          if (found) break;
+      std::vector<std::pair<Tag, Tag>> candidates = {{Tag::any, Tag::any}};
+      for (Tag dt_tag : {Tag::any, Tag::ndhwc, Tag::nCdhw16c, Tag::nCdhw8c, Tag::ncdhw}) {
+        for (Tag t : {Tag::any, Tag::nCdhw16c, Tag::nCdhw8c, Tag::ndhwc, Tag::ncdhw}) {
+          candidates.push_back({t, dt_tag});
         }
       }
+      const Dims out_dims = {n, oc, out, out, out};
+      for (auto [t, dt_tag] : candidates) {
+        if (best && best_gemm == 0) break;
+        dnnl::convolution_forward::primitive_desc pd;
+        try {
+          pd = make_fwd(memory::desc(in_dims, c.dt, t),
+                        dt_tag == Tag::any ? d_any : memory::desc(out_dims, c.dt, dt_tag));
+        } catch (const dnnl::error&) {
+          continue;  // no implementation at all for this pair
+        }
+        const int g = gemm_passes(pd, pd.src_desc());
+        if (g >= 0 && (!best || g < best_gemm)) {
+          best = pd;
+          best_gemm = g;
+        }
+      }
+      if (best) fwd_pd_ = best;
       // With one input channel ncdhw and ndhwc are the same bytes and compare equal, yet oneDNN picks
       // its kernels by the layout tag the desc carries: keep the chosen desc even when no reorder is due.
       conv_src_md_ = fwd_pd_.src_desc();
