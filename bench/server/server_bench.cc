@@ -4,7 +4,7 @@
 // before and after a bounded soak. Not run by ctest (minutes on two cores).
 //
 //   server_bench [--spec sc18] [--max-batch 4] [--concurrency 1,4,16] [--requests 24]
-//                [--soak-requests 200] [--queue-delay-ms 2] [--repeats 5]
+//                [--soak-requests 200] [--queue-delay-ms auto] [--repeats 5]
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -163,22 +163,45 @@ int main(int argc, char** argv) {
                {"requests", true},
                {"soak-requests", true},
                {"queue-delay-ms", true},
-               {"repeats", true}});
-  if (Status s = flags.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "server_bench: %s\n", s.message().c_str());
+               {"repeats", true},
+               {"help", false}});
+  auto fail = [](const std::string& message) {
+    std::fprintf(stderr, "server_bench: %s\n", message.c_str());
     return 2;
+  };
+  if (Status s = flags.Parse(argc, argv); !s.ok()) return fail(s.message());
+  if (flags.Has("help")) {
+    std::printf(
+        "usage: server_bench [--spec sc18] [--max-batch 4] [--concurrency 1,4,16] [--requests 24]\n"
+        "                    [--soak-requests 200] [--queue-delay-ms auto] [--repeats 5]\n");
+    return 0;
+  }
+  auto max_batch_flag = flags.GetInt("max-batch", 4);
+  auto requests_flag = flags.GetInt("requests", 24);
+  auto soak_flag = flags.GetInt("soak-requests", 200);
+  auto repeats_flag = flags.GetInt("repeats", 5);
+  auto delay = flags.GetDouble("queue-delay-ms", -1);  // -1: auto
+  for (const auto* v : {&max_batch_flag, &requests_flag, &soak_flag, &repeats_flag}) {
+    if (!v->ok()) return fail(v->status().message());
+  }
+  if (!delay.ok()) return fail(delay.status().message());
+  if (*max_batch_flag < 1 || *max_batch_flag > 64 || *requests_flag < 1 || *soak_flag < 0 || *repeats_flag < 1) {
+    return fail("--max-batch must be 1..64, --requests and --repeats >= 1, --soak-requests >= 0");
   }
   const std::string spec_name = flags.Get("spec", "sc18");
-  const int max_batch = int(flags.GetInt("max-batch", 4).value());
-  const int requests = int(flags.GetInt("requests", 24).value());
-  const int soak = int(flags.GetInt("soak-requests", 200).value());
-  const int repeats = int(flags.GetInt("repeats", 5).value());
-  const double delay_ms = flags.GetDouble("queue-delay-ms", -1).value();  // -1: auto
   std::vector<int> levels;
   {
     std::stringstream ss(flags.Get("concurrency", "1,4,16"));
-    for (std::string part; std::getline(ss, part, ',');) levels.push_back(std::stoi(part));
+    for (std::string part; std::getline(ss, part, ',');) {
+      auto level = ParseInt(part, "--concurrency");
+      if (!level.ok()) return fail(level.status().message());
+      if (*level < 1 || *level > 256) return fail("--concurrency: each level must be 1..256, got " + part);
+      levels.push_back(static_cast<int>(*level));
+    }
   }
+  const int max_batch = static_cast<int>(*max_batch_flag), requests = static_cast<int>(*requests_flag);
+  const int soak = static_cast<int>(*soak_flag), repeats = static_cast<int>(*repeats_flag);
+  const double delay_ms = *delay;
 
   auto spec = BuiltinSpec(spec_name);
   if (!spec.ok()) {
