@@ -221,6 +221,10 @@ Status Trainer::Setup() {
   auto spec = LoadSpec(opt_.spec);
   auto precision = ParsePrecision(opt_.precision);
   local = !spec.ok() ? spec.status() : precision.status();
+  if (local.ok() && *precision == Precision::kBf16 && !Bf16Supported()) {
+    // Known before anything is written: refuse here rather than leave an empty run directory.
+    local = FailedPreconditionError("--precision=bf16: this CPU has neither AVX512-BF16 nor AMX (use fp32)");
+  }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   spec_ = *spec;
   precision_ = *precision;

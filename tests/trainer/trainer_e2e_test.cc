@@ -20,6 +20,7 @@
 
 #include "core/nn/checkpoint.h"
 #include "core/nn/spec.h"
+#include "core/nn/network.h"
 
 namespace cosmoflow {
 namespace {
@@ -378,6 +379,16 @@ TEST_F(TrainerE2ETest, BadInputGivesOneClearLineAndANonZeroExit) {
     EXPECT_EQ(CountLines(r.err, "cosmoflow-train: error:"), 1) << c.args << "\n" << r.err;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\n" << r.err;
     EXPECT_LT(r.seconds, 30) << c.args;
+  }
+  if (!Bf16Supported()) {
+    // bf16 on a CPU without AVX512-BF16/AMX: refused before the run directory is made.
+    RunResult r = Run(Mpirun(2) + " --train=" + data_ + "/train.h5 --out=" + dir_ + "/o10 --spec=tiny32" +
+                          " --precision=bf16",
+                      60);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(CountLines(r.err, "cosmoflow-train: error:"), 1) << r.err;
+    EXPECT_NE(r.err.find("AVX512-BF16"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(dir_ + "/o10"));
   }
   // A checkpoint of another model in the run directory is refused, not loaded.
   RunResult first =
