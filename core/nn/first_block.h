@@ -1,8 +1,8 @@
 // The first block of the SC18-style networks as one fused kernel: 1-channel VALID conv3d (stride 1,
 // up to 16 filters) + leaky ReLU + average pooling.
 //
-// Why: on this machine the 1-channel convolution is the slowest layer in every precision (oneDNN's
-// backward-weights reaches ~87 GFLOP/s fp32, bf16 is slower than fp32), and its 16 x 126^3 output
+// Why: the 1-channel convolution is oneDNN's slowest layer in every precision (backward-weights
+// ~87 GFLOP/s fp32 with AVX-512, 20 with AVX2; bf16 slower than fp32), and its 16 x 126^3 output
 // is the largest tensor of the network. Fusing conv, activation and pooling means that tensor is
 // never written: forward writes only the pooled output (8x smaller) and a 16-bit sign mask per conv
 // voxel; backward-weights rebuilds dLoss/dconv on the fly from the pooled gradient and the mask and
@@ -18,6 +18,7 @@
 //          with fewer than 16 input channels wants).
 //          diff of the output in the same layout and type.
 // Weights/grads: plain OIDHW (F,1,K,K,K) fp32 and bias (F) fp32, read/written directly.
+// Instruction sets: AVX-512 (16 filters per zmm) or AVX2 + FMA (two ymm), chosen at compile time.
 // Threading: OpenMP over output rows; per-thread partial gradients are summed in thread order, so
 // results are bit-reproducible for a fixed thread count.
 #pragma once
@@ -29,9 +30,11 @@ namespace cosmoflow {
 
 class FirstBlockKernel {
  public:
-  // False when the build does not target AVX-512 (the kernel is AVX-512 only): the network then runs
-  // the block as separate oneDNN primitives. Construct and call the others only when this is true.
+  // False when the build targets neither AVX-512 nor AVX2 + FMA (the kernel's two instruction sets):
+  // the network then runs the block as separate oneDNN primitives. Construct and call the others
+  // only when this is true.
   static bool Supported(int side, int filters, int kernel, int stride, bool same_padding, int pool);
+  static const char* Isa();  // "avx512", "avx2", or "none"
 
   FirstBlockKernel(int batch, int side, int filters, int kernel, float alpha, int pool, bool bf16_out,
                    bool training, int channel_stride);

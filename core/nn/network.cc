@@ -739,7 +739,7 @@ class FirstBlockOp : public Op {
     b_ = &b;
     dst_md = dst_desc;
     dst = memory(dst_md, c.eng);
-    impl_ = "cosmoflow:first_block(conv+leaky+avgpool, avx512)";
+    impl_ = std::string("cosmoflow:first_block(conv+leaky+avgpool, ") + FirstBlockKernel::Isa() + ")";
   }
   void SetInput(const float* x) { input_ = x; }
   void Forward(Ctx& c) override { kernel_.Forward(input_, w_->value.data(), b_->value.data(), dst.get_data_handle()); }
