@@ -305,13 +305,13 @@ class ConvOp : public Op {
       }
       return gemm;
     };
-    if (gemm_passes(fwd_pd_, src_md) != 0) {
+    if (const int incoming = gemm_passes(fwd_pd_, src_md); incoming != 0) {
       // The incoming layout, oneDNN's own choice, then the usual blocked / channels-last / planar
       // layouts for src and dst: the first with only direct kernels, else the one with fewest gemm
       // passes, else oneDNN's choice.
       // (e.g. a 4-channel fp32 training conv has real backward kernels only for ndhwc/ndhwc.)
       dnnl::convolution_forward::primitive_desc best;
-      int best_gemm = gemm_passes(fwd_pd_, src_md);
+      int best_gemm = incoming;
       if (best_gemm >= 0) best = fwd_pd_;
       fwd_pd_ = make_fwd(memory::desc(in_dims, c.dt, Tag::any), d_any);
       std::vector<std::pair<Tag, Tag>> candidates = {{Tag::any, Tag::any}};
