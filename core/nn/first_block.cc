@@ -453,6 +453,80 @@ void FirstBlockKernel::BackwardWeights(const float* src, const float* weights, c
   }
 }
 
+bool FirstConvWeightGrad::Supported(int in_channels, int filters, int kernel, int stride) {
+  return in_channels >= 1 && in_channels <= 4 && filters == kLanes && kernel >= 1 && kernel <= 5 && stride == 1;
+}
+
+FirstConvWeightGrad::FirstConvWeightGrad(int batch, int in_channels, int side, int kernel, int pad_left,
+                                         int out_side)
+    : n_(batch), c_(in_channels), s_(side), k_(kernel), pl_(pad_left), o_(out_side) {
+  ps_ = o_ + k_ - 1;
+  assert(pl_ >= 0 && pl_ < ps_);
+  threads_ = omp_get_max_threads();
+  padded_.assign(static_cast<size_t>(n_) * c_ * ps_ * ps_ * ps_, 0.f);
+  partial_stride_ = RoundUp16(int64_t{c_} * k_ * k_ * k_ * kLanes + kLanes);
+  storage_.assign(threads_ * partial_stride_ + 16, 0.f);
+  partial_ = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage_.data()) + 63) & ~uintptr_t{63});
+}
+
+void FirstConvWeightGrad::Run(const float* src, const float* diff_dst, float* grad_w, float* grad_b) {
+  const int n = n_, c = c_, s = s_, k = k_, o = o_, ps = ps_;
+  const int taps = k * k * k;
+  const int64_t ps3 = int64_t{ps} * ps * ps, s3 = int64_t{s} * s * s;
+  // Planar, zero-padded copy: each channel's rows contiguous, as the micro-kernel reads them. The
+  // borders stay zero from construction (only voxels inside the padded cube that hold input are written).
+  float* padded = padded_.data();
+  const int lo = pl_, hi = std::min(ps, pl_ + s);  // padded coordinates that hold input
+#pragma omp parallel for num_threads(threads_) schedule(static)
+  for (int64_t r = 0; r < int64_t{n} * (hi - lo); ++r) {
+    const int ni = static_cast<int>(r / (hi - lo)), d = lo + static_cast<int>(r % (hi - lo));
+    for (int h = lo; h < hi; ++h) {
+      const float* in = src + ((int64_t{ni} * s3 + (int64_t{d - pl_} * s + (h - pl_)) * s)) * c;
+      for (int w = lo; w < hi; ++w) {
+        for (int ci = 0; ci < c; ++ci) {
+          padded[(int64_t{ni} * c + ci) * ps3 + (int64_t{d} * ps + h) * ps + w] = in[(w - pl_) * c + ci];
+        }
+      }
+    }
+  }
+
+  const int64_t stride = partial_stride_;
+  float* partial = partial_;
+  std::memset(partial, 0, sizeof(float) * threads_ * stride);
+  const int64_t rows = int64_t{n} * o * o;
+  int used_threads = 1;
+#pragma omp parallel num_threads(threads_)
+  {
+#pragma omp single
+    used_threads = omp_get_num_threads();
+    float* mine = partial + omp_get_thread_num() * stride;
+    V16 bias_acc = Zero();
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int ni = static_cast<int>(r / (int64_t{o} * o));
+      const int d = static_cast<int>((r / o) % o), h = static_cast<int>(r % o);
+      const float* dconv = diff_dst + r * o * kLanes;  // the row (ni, d, h): o positions x 16 filters
+      for (int w = 0; w < o; ++w) bias_acc = Add(bias_acc, Load(dconv + w * kLanes));
+      for (int ci = 0; ci < c; ++ci) {
+        GradRowDispatch(k, padded + (int64_t{ni} * c + ci) * ps3, ps, d, h, o, dconv,
+                        mine + int64_t{ci} * taps * kLanes);
+      }
+    }
+    float* b = mine + int64_t{c} * taps * kLanes;
+    Store(b, Add(Load(b), bias_acc));
+  }
+  for (int t = 1; t < used_threads; ++t) {
+    const float* other = partial + t * stride;
+    for (int64_t i = 0; i < stride; ++i) partial[i] += other[i];
+  }
+  for (int f = 0; f < kLanes; ++f) {
+    for (int ci = 0; ci < c; ++ci) {
+      for (int t = 0; t < taps; ++t) grad_w[(f * c + ci) * taps + t] = partial[(ci * taps + t) * kLanes + f];
+    }
+    grad_b[f] = partial[int64_t{c} * taps * kLanes + f];
+  }
+}
+
 }  // namespace cosmoflow
 
 #else  // neither AVX-512 nor AVX2
@@ -479,6 +553,12 @@ void FirstBlockKernel::Forward(const float*, const float*, const float*, void*) 
 void FirstBlockKernel::BackwardWeights(const float*, const float*, const float*, const void*, float*, float*) {
   NotBuilt();
 }
+
+bool FirstConvWeightGrad::Supported(int, int, int, int) { return false; }
+
+FirstConvWeightGrad::FirstConvWeightGrad(int, int, int, int, int, int) { NotBuilt(); }
+
+void FirstConvWeightGrad::Run(const float*, const float*, float*, float*) { NotBuilt(); }
 
 }  // namespace cosmoflow
 

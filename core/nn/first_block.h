@@ -61,4 +61,31 @@ class FirstBlockKernel {
   int64_t scratch_stride_ = 0;
 };
 
+// Weight and bias gradients of the network's first convolution when it has a few input channels
+// (MLPerf-style 4-channel cubes): stride 1, 1-4 input channels, exactly 16 filters, kernel 1-5, any
+// padding, fp32, channels-last (ndhwc) src and diff_dst. Why: oneDNN 2.6 has no direct 3D
+// backward-weights kernel for AVX2 and runs this as im2col + gemm at 17-29 GFLOP/s, almost half of
+// the accuracy study's training step. This reuses the first block's weight-gradient micro-kernel (a
+// small matmul of each conv row's input patches by its row of 16 filter gradients) on a zero-padded
+// planar copy of the input. Same instruction sets, threading and determinism as FirstBlockKernel.
+class FirstConvWeightGrad {
+ public:
+  static bool Supported(int in_channels, int filters, int kernel, int stride);
+
+  // side: input S; out_side: O; pad_left: zeros before the first voxel on each axis.
+  FirstConvWeightGrad(int batch, int in_channels, int side, int kernel, int pad_left, int out_side);
+
+  // src: N x S^3 x C (ndhwc); diff_dst: N x O^3 x 16 (ndhwc, 64-byte aligned), the gradient of the
+  // conv output. Overwrites grad_w (plain OIDHW, 16 x C x K^3) and grad_b (16).
+  void Run(const float* src, const float* diff_dst, float* grad_w, float* grad_b);
+
+ private:
+  int n_, c_, s_, k_, pl_, o_, ps_;  // ps_: padded side O + K - 1
+  int threads_;
+  std::vector<float> padded_;   // [N][C][PS^3], zero where padding
+  std::vector<float> storage_;  // per-thread partials [C][K^3][16] + [16], 64-byte aligned
+  float* partial_ = nullptr;
+  int64_t partial_stride_ = 0;
+};
+
 }  // namespace cosmoflow

@@ -359,9 +359,18 @@ class ConvOp : public Op {
                                                    dst_md, strides, padl, padr),
           c.eng, fwd_pd_);
       bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
-      impl_ += std::string(" bwd_w=") + bwd_w_pd_.impl_info_str();
       wgrad_.Init(c, w_plain, w.grad.data(), bwd_w_pd_.diff_weights_desc());
       diff_bias_ = memory(b_md, c.eng, b.grad.data());
+      if (UseFirstConvWeightGrad(c, first_op, in_dims, {n, oc, out, out, out})) {
+        first_wgrad_ = std::make_unique<FirstConvWeightGrad>(static_cast<int>(n), static_cast<int>(ic),
+                                                             static_cast<int>(side), static_cast<int>(k),
+                                                             static_cast<int>(pl), static_cast<int>(out));
+        grad_w_ = w.grad.data();
+        grad_b_ = b.grad.data();
+        impl_ += std::string(" bwd_w=cosmoflow:first_conv_wgrad(") + FirstBlockKernel::Isa() + ")";
+      } else {
+        impl_ += std::string(" bwd_w=") + bwd_w_pd_.impl_info_str();
+      }
       bwd_d_pd_ = dnnl::convolution_backward_data::primitive_desc(
           dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, conv_src_md_, w_any,
                                                 dst_md, strides, padl, padr),
@@ -396,9 +405,14 @@ class ConvOp : public Op {
   }
   void Backward(Ctx& c, bool need_diff_src) override {
     leaky_bwd_.Run(c, dst, diff_dst);
-    bwd_w_.execute(c.strm, {{DNNL_ARG_SRC, conv_src_}, {DNNL_ARG_DIFF_DST, diff_dst},
-                            {DNNL_ARG_DIFF_WEIGHTS, wgrad_.work}, {DNNL_ARG_DIFF_BIAS, diff_bias_}});
-    wgrad_.Export(c);
+    if (first_wgrad_) {
+      first_wgrad_->Run(static_cast<const float*>(conv_src_.get_data_handle()),
+                        static_cast<const float*>(diff_dst.get_data_handle()), grad_w_, grad_b_);
+    } else {
+      bwd_w_.execute(c.strm, {{DNNL_ARG_SRC, conv_src_}, {DNNL_ARG_DIFF_DST, diff_dst},
+                              {DNNL_ARG_DIFF_WEIGHTS, wgrad_.work}, {DNNL_ARG_DIFF_BIAS, diff_bias_}});
+      wgrad_.Export(c);
+    }
     if (need_diff_src && has_bwd_d_) {
       memory& out = reorder_src_ ? conv_diff_src_ : diff_src;
       if (transposed_bwd_d_) {
@@ -422,6 +436,24 @@ class ConvOp : public Op {
   struct Geometry {
     int64_t ic = 0, oc = 0, k = 0, stride = 0, pad_left = 0, pad_right = 0;
   };
+
+  // The first conv's weight gradient by our kernel (FirstConvWeightGrad) where oneDNN would run it
+  // as im2col + gemm: fp32, channels-last src and dst, a shape the kernel takes. With AVX-512
+  // oneDNN has direct kernels, so this is for AVX2 builds. COSMOFLOW_FIRST_CONV_WGRAD=onednn|ours
+  // overrides the rule (the tests run both).
+  bool UseFirstConvWeightGrad(Ctx& c, bool first_op, const Dims& in_dims, const Dims& out_dims) const {
+    if (!first_op || c.dt != Dt::f32 ||
+        !FirstConvWeightGrad::Supported(static_cast<int>(geom_.ic), static_cast<int>(geom_.oc),
+                                        static_cast<int>(geom_.k), static_cast<int>(geom_.stride)) ||
+        conv_src_md_ != memory::desc(in_dims, Dt::f32, Tag::ndhwc) ||
+        dst_md != memory::desc(out_dims, Dt::f32, Tag::ndhwc)) {
+      return false;
+    }
+    const char* force = std::getenv("COSMOFLOW_FIRST_CONV_WGRAD");
+    if (force != nullptr && std::string(force) == "onednn") return false;
+    if (force != nullptr && std::string(force) == "ours") return true;
+    return std::string(bwd_w_pd_.impl_info_str()).find("gemm") != std::string::npos;
+  }
 
   // Backward-data of a stride-1 convolution is itself a convolution: diff_src = diff_dst, padded by
   // k-1-pad on each side, convolved with the weights transposed (ic <-> oc) and flipped in space.
@@ -504,6 +536,9 @@ class ConvOp : public Op {
   WeightGrad wgrad_;
   memory bias_, diff_bias_;
   FusedLeakyBwd leaky_bwd_;
+  std::unique_ptr<FirstConvWeightGrad> first_wgrad_;  // replaces bwd_w_ when set
+  float* grad_w_ = nullptr;
+  float* grad_b_ = nullptr;
 };
 
 class DenseOp : public Op {
