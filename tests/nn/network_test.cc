@@ -219,7 +219,9 @@ TEST(NetworkFirstBlockTest, ChannelsLastAndBlockedLayoutsAgree) {
   EXPECT_NE(reports[0].find("first_block"), std::string::npos) << reports[0];
   for (int i = 0; i < batch * 3; ++i) EXPECT_NEAR(y[0][i], y[1][i], 1e-4f * (1 + std::abs(y[1][i])));
   ExpectSameGradients(*nets[0], *nets[1]);
-  ExpectGradientsMatchFiniteDifferences(spec, batch);
+  // 8 elements per tensor: the double reference of this 36^3 net is slow and the point here is the
+  // layout switch (24 per tensor took 73 s on the AVX2 machine, 8 take 31 s).
+  ExpectGradientsMatchFiniteDifferences(spec, batch, 8);
 }
 
 TEST(NetworkTest, SmallNetworksMatchReference) {
