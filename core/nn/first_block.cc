@@ -245,6 +245,21 @@ void GradRowDispatch(int k, const float* x, int64_t s, int d, int h, int width, 
 
 int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 
+// `floats` zeroed floats starting at a 64-byte boundary inside `storage` (resized to hold them).
+float* AlignedFloats(std::vector<float>& storage, int64_t floats) {
+  storage.assign(floats + 16, 0.f);
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+}
+
+// Adds threads 1.. of per-thread partials (each `stride` floats) into thread 0's, in thread order,
+// so the sum is bit-reproducible for a fixed thread count.
+void SumPartialsInThreadOrder(float* partial, int64_t stride, int threads) {
+  for (int t = 1; t < threads; ++t) {
+    const float* other = partial + t * stride;
+    for (int64_t i = 0; i < stride; ++i) partial[i] += other[i];
+  }
+}
+
 }  // namespace
 
 bool FirstBlockKernel::Supported(int side, int filters, int kernel, int stride, bool same_padding, int pool) {
@@ -266,9 +281,7 @@ FirstBlockKernel::FirstBlockKernel(int batch, int side, int filters, int kernel,
   const int64_t wt_floats = taps * kLanes;
   const int64_t partial_floats = int64_t{threads_} * (taps * kLanes + kLanes);
   scratch_stride_ = RoundUp16(int64_t{q_} * p_ * kLanes);
-  storage_.assign(wt_floats + partial_floats + threads_ * scratch_stride_ + 16, 0.f);
-  float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage_.data()) + 63) & ~uintptr_t{63});
-  wt_ = base;
+  wt_ = AlignedFloats(storage_, wt_floats + partial_floats + threads_ * scratch_stride_);
   partial_ = wt_ + wt_floats;
   scratch_ = partial_ + partial_floats;
   if (training_) {
@@ -443,10 +456,7 @@ void FirstBlockKernel::BackwardWeights(const float* src, const float* weights, c
     Store(mine + taps * kLanes, Add(Load(mine + taps * kLanes), bias_acc));
   }
   // Sum the partials in thread order (deterministic), then transpose to OIDHW.
-  for (int t = 1; t < used_threads; ++t) {
-    const float* other = partial + static_cast<int64_t>(t) * stride;
-    for (int i = 0; i < stride; ++i) partial[i] += other[i];
-  }
+  SumPartialsInThreadOrder(partial, stride, used_threads);
   for (int fi = 0; fi < f; ++fi) {
     for (int t = 0; t < taps; ++t) grad_w[fi * taps + t] = partial[t * kLanes + fi];
     grad_b[fi] = partial[taps * kLanes + fi];
@@ -465,8 +475,7 @@ FirstConvWeightGrad::FirstConvWeightGrad(int batch, int in_channels, int side, i
   threads_ = omp_get_max_threads();
   padded_.assign(static_cast<size_t>(n_) * c_ * ps_ * ps_ * ps_, 0.f);
   partial_stride_ = RoundUp16(int64_t{c_} * k_ * k_ * k_ * kLanes + kLanes);
-  storage_.assign(threads_ * partial_stride_ + 16, 0.f);
-  partial_ = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage_.data()) + 63) & ~uintptr_t{63});
+  partial_ = AlignedFloats(storage_, threads_ * partial_stride_);
 }
 
 void FirstConvWeightGrad::Run(const float* src, const float* diff_dst, float* grad_w, float* grad_b) {
@@ -515,10 +524,7 @@ void FirstConvWeightGrad::Run(const float* src, const float* diff_dst, float* gr
     float* b = mine + int64_t{c} * taps * kLanes;
     Store(b, Add(Load(b), bias_acc));
   }
-  for (int t = 1; t < used_threads; ++t) {
-    const float* other = partial + t * stride;
-    for (int64_t i = 0; i < stride; ++i) partial[i] += other[i];
-  }
+  SumPartialsInThreadOrder(partial, stride, used_threads);
   for (int f = 0; f < kLanes; ++f) {
     for (int ci = 0; ci < c; ++ci) {
       for (int t = 0; t < taps; ++t) grad_w[(f * c + ci) * taps + t] = partial[(ci * taps + t) * kLanes + f];

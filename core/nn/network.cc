@@ -358,9 +358,6 @@ class ConvOp : public Op {
                                                    memory::desc({oc, ic, k, k, k}, Dt::f32, Tag::any), b_md,
                                                    dst_md, strides, padl, padr),
           c.eng, fwd_pd_);
-      bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
-      wgrad_.Init(c, w_plain, w.grad.data(), bwd_w_pd_.diff_weights_desc());
-      diff_bias_ = memory(b_md, c.eng, b.grad.data());
       if (UseFirstConvWeightGrad(c, first_op, in_dims, {n, oc, out, out, out})) {
         first_wgrad_ = std::make_unique<FirstConvWeightGrad>(static_cast<int>(n), static_cast<int>(ic),
                                                              static_cast<int>(side), static_cast<int>(k),
@@ -368,7 +365,10 @@ class ConvOp : public Op {
         grad_w_ = w.grad.data();
         grad_b_ = b.grad.data();
         impl_ += std::string(" bwd_w=cosmoflow:first_conv_wgrad(") + FirstBlockKernel::Isa() + ")";
-      } else {
+      } else {  // oneDNN's primitive (not generated when ours replaces it)
+        bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
+        wgrad_.Init(c, w_plain, w.grad.data(), bwd_w_pd_.diff_weights_desc());
+        diff_bias_ = memory(b_md, c.eng, b.grad.data());
         impl_ += std::string(" bwd_w=") + bwd_w_pd_.impl_info_str();
       }
       bwd_d_pd_ = dnnl::convolution_backward_data::primitive_desc(
