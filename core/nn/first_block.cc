@@ -245,20 +245,8 @@ void GradRowDispatch(int k, const float* x, int64_t s, int d, int h, int width, 
 
 int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 
-// `floats` zeroed floats starting at a 64-byte boundary inside `storage` (resized to hold them).
-float* AlignedFloats(std::vector<float>& storage, int64_t floats) {
-  storage.assign(floats + 16, 0.f);
-  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
-}
-
-// Adds threads 1.. of per-thread partials (each `stride` floats) into thread 0's, in thread order,
-// so the sum is bit-reproducible for a fixed thread count.
-void SumPartialsInThreadOrder(float* partial, int64_t stride, int threads) {
-  for (int t = 1; t < threads; ++t) {
-    const float* other = partial + t * stride;
-    for (int64_t i = 0; i < stride; ++i) partial[i] += other[i];
-  }
-}
+using nn_internal::AlignedFloats;
+using nn_internal::SumPartialsInThreadOrder;
 
 }  // namespace
 

@@ -1,10 +1,12 @@
 // Internal helpers of the network implementation (not a public contract): bf16 conversion, the
-// counter-based hash behind dropout masks and parameter init, aligned scratch buffers.
+// counter-based hash behind dropout masks and parameter init, aligned scratch buffers, the
+// weight-gradient kernels' per-thread partial sums.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 namespace cosmoflow::nn_internal {
 
@@ -34,5 +36,20 @@ struct AlignedFree {
 using AlignedBuffer = std::unique_ptr<void, AlignedFree>;
 // Page-aligned, uninitialised; size rounded up to whole pages.
 AlignedBuffer AllocateAligned(size_t bytes);
+
+// `floats` zeroed floats starting at a 64-byte boundary inside `storage` (resized to hold them).
+inline float* AlignedFloats(std::vector<float>& storage, int64_t floats) {
+  storage.assign(floats + 16, 0.f);
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+}
+
+// Adds threads 1.. of per-thread partials (each `stride` floats) into thread 0's, in thread order,
+// so the sum is bit-reproducible for a fixed thread count (the weight-gradient kernels' reduction).
+inline void SumPartialsInThreadOrder(float* partial, int64_t stride, int threads) {
+  for (int t = 1; t < threads; ++t) {
+    const float* other = partial + t * stride;
+    for (int64_t i = 0; i < stride; ++i) partial[i] += other[i];
+  }
+}
 
 }  // namespace cosmoflow::nn_internal

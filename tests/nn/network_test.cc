@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 
+#include "core/nn/conv_wgrad.h"
 #include "core/nn/first_block.h"
 #include "tests/nn/test_util.h"
 
@@ -130,15 +131,15 @@ TEST(NetworkFirstBlockTest, FirstBlockMatchesReferenceAndFiniteDifferences) {
 }
 
 // The first conv's weight gradient by FirstConvWeightGrad (the default where oneDNN would run
-// im2col + gemm, i.e. on AVX2) against oneDNN's and against finite differences: 4 input channels,
-// SAME and VALID padding, kernels 3 and 2.
+// im2col + gemm, i.e. on AVX2, for 1-3 input channels) against oneDNN's and against finite
+// differences: 2 input channels, SAME and VALID padding, kernels 3 and 2.
 TEST(NetworkFirstConvTest, OwnWeightGradientMatchesOneDnnAndFiniteDifferences) {
-  if (!FirstConvWeightGrad::Supported(4, 16, 3, 1))
+  if (!FirstConvWeightGrad::Supported(2, 16, 3, 1))
     GTEST_SKIP() << "the first-conv weight-gradient kernel is built only for AVX-512 or AVX2 targets";
   for (bool same : {true, false}) {
     for (int k : {3, 2}) {
       SCOPED_TRACE(std::string(same ? "same" : "valid") + " kernel " + std::to_string(k));
-      ModelSpec spec = MakeSpec(4, 10, {ConvL(16, k, 1, same), LeakyL(0.01f), PoolL(false, 2), ConvL(4, 2),
+      ModelSpec spec = MakeSpec(2, 10, {ConvL(16, k, 1, same), LeakyL(0.01f), PoolL(false, 2), ConvL(4, 2),
                                         LeakyL(0.01f), FlattenL(), DenseL(3)}, 3);
       ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
       const int batch = 2;
@@ -164,6 +165,60 @@ TEST(NetworkFirstConvTest, OwnWeightGradientMatchesOneDnnAndFiniteDifferences) {
       ScopedEnv env("COSMOFLOW_FIRST_CONV_WGRAD", "ours");
       ExpectGradientsMatchFiniteDifferences(spec, batch);
     }
+  }
+}
+
+// Every conv's weight gradient by ChannelsLastWeightGrad (the default where oneDNN would run
+// im2col + gemm, i.e. on AVX2) against oneDNN's and against finite differences, in both tile
+// shapes: 4 channels x 16 filters (a 4-channel first conv, SAME k3 and VALID k2) and 4 filters x
+// 16 channels (16 -> 32 and 32 -> 64 SAME k3, the second with two channel blocks).
+TEST(NetworkConvTest, ChannelsLastWeightGradientMatchesOneDnnAndFiniteDifferences) {
+  if (!ChannelsLastWeightGrad::Supported(16, 32, 1))
+    GTEST_SKIP() << "the channels-last weight-gradient kernel is built only for AVX2 targets";
+  struct Case {
+    ModelSpec spec;
+    size_t ours;  // convs on our kernel in an AVX2 build (where oneDNN 2.6 picks ndhwc + gemm)
+  };
+  const Case cases[] = {
+      {MakeSpec(4, 10, {ConvL(16, 3, 1, true), LeakyL(0.01f), PoolL(false, 2), ConvL(32, 3, 1, true), LeakyL(0.01f),
+                        FlattenL(), DenseL(3)}, 3),
+       2},
+      {MakeSpec(4, 9, {ConvL(16, 2), LeakyL(0.01f), ConvL(32, 3, 1, true), LeakyL(0.01f), PoolL(false, 2),
+                       ConvL(64, 3, 1, true), LeakyL(0.01f), FlattenL(), DenseL(3)}, 3),
+       3},
+  };
+  for (const Case& c : cases) {
+    const ModelSpec& spec = c.spec;
+    ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+    const int batch = 2;
+    auto x = RandomVector(InputSize(spec) * batch, 51, 0.f, 2.f);
+    auto r = RandomVector(batch * 3, 52);
+    std::unique_ptr<Network> nets[2] = {MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_CONV_WGRAD", "ours"),
+                                        MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_CONV_WGRAD", "onednn")};
+    ASSERT_TRUE(nets[0] && nets[1]);
+    std::vector<float> y(batch * 3);
+    std::string reports[2];
+    for (int m = 0; m < 2; ++m) {
+      nets[m]->SetProfiling(true);
+      nets[m]->Forward(x.data(), y.data());
+      nets[m]->Backward(r.data());
+      reports[m] = nets[m]->ProfileReport();
+    }
+    auto count = [](const std::string& report) {
+      size_t n = 0;
+      for (size_t at = report.find("channels_last_wgrad"); at != std::string::npos;
+           at = report.find("channels_last_wgrad", at + 1)) {
+        ++n;
+      }
+      return n;
+    };
+    if (std::string(FirstBlockKernel::Isa()) == "avx2") {
+      EXPECT_EQ(count(reports[0]), c.ours) << reports[0];
+    }
+    EXPECT_EQ(count(reports[1]), 0u) << reports[1];
+    ExpectSameGradients(*nets[0], *nets[1]);
+    ScopedEnv env("COSMOFLOW_CONV_WGRAD", "ours");
+    ExpectGradientsMatchFiniteDifferences(spec, batch);
   }
 }
 
