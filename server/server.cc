@@ -45,17 +45,7 @@ void FillModelInfo(const Model& model, const ServerOptions& options, v1::ModelIn
   for (int i = 0; i < 3; ++i) info->add_input_shape(spec.input_side);
   info->add_accepted_dtypes(v1::DTYPE_INT16);
   info->add_accepted_dtypes(v1::DTYPE_FLOAT32);
-  switch (spec.input_transform) {
-    case InputTransform::kNone:
-      info->set_input_transform("none");
-      break;
-    case InputTransform::kLog1p:
-      info->set_input_transform("log1p");
-      break;
-    case InputTransform::kDivideByMean:
-      info->set_input_transform("divide_by_mean");
-      break;
-  }
+  info->set_input_transform(InputTransformName(spec.input_transform));
   for (const auto& o : spec.outputs) {
     auto* out = info->add_outputs();
     out->set_name(o.name);

@@ -46,6 +46,7 @@ const char* InputTransformName(InputTransform t) {
     case InputTransform::kNone: return "none";
     case InputTransform::kLog1p: return "log1p";
     case InputTransform::kDivideByMean: return "divide_by_mean";
+    case InputTransform::kOverdensity: return "overdensity";
   }
   return "?";
 }
@@ -309,9 +310,11 @@ StatusOr<ModelSpec> ModelSpec::FromJson(const std::string& text) {
     s.input_transform = InputTransform::kLog1p;
   } else if (transform == "divide_by_mean") {
     s.input_transform = InputTransform::kDivideByMean;
+  } else if (transform == "overdensity") {
+    s.input_transform = InputTransform::kOverdensity;
   } else {
     return InvalidArgumentError("model spec: unknown input_transform '" + transform +
-                                "' (expected none, log1p or divide_by_mean)");
+                                "' (expected none, log1p, divide_by_mean or overdensity)");
   }
   auto outs = j.find("outputs");
   if (outs == j.end() || !outs->is_array()) return InvalidArgumentError("model spec: 'outputs' must be an array");
@@ -531,16 +534,19 @@ void TransformImpl(InputTransform t, const T* src, int64_t n, int64_t voxels_per
     case InputTransform::kLog1p:
       for (int64_t i = 0; i < n; ++i) dst[i] = std::log1p(static_cast<float>(src[i]));
       break;
-    case InputTransform::kDivideByMean: {
+    case InputTransform::kDivideByMean:
+    case InputTransform::kOverdensity: {
+      // overdensity = x / mean - 1: the same information centred on zero.
+      const float shift = t == InputTransform::kOverdensity ? 1.f : 0.f;
       int64_t vpc = voxels_per_channel > 0 ? voxels_per_channel : n;
       for (int64_t start = 0; start < n; start += vpc) {
         int64_t end = std::min(n, start + vpc);
         double sum = 0;
         for (int64_t i = start; i < end; ++i) sum += static_cast<double>(src[i]);
         double mean = sum / static_cast<double>(end - start);
-        // An empty channel stays zero rather than becoming NaN.
+        // An empty channel stays zero (divide_by_mean) or -1 (overdensity) rather than NaN.
         float inv = mean > 0 ? static_cast<float>(1.0 / mean) : 0.f;
-        for (int64_t i = start; i < end; ++i) dst[i] = static_cast<float>(src[i]) * inv;
+        for (int64_t i = start; i < end; ++i) dst[i] = static_cast<float>(src[i]) * inv - shift;
       }
       break;
     }

@@ -3,7 +3,7 @@
 // JSON form (all keys shown; docs/formats.md is the reference):
 // {
 //   "name": "sc18", "input_channels": 1, "input_side": 128,
-//   "input_transform": "log1p",          // "none" | "log1p" | "divide_by_mean"
+//   "input_transform": "log1p",          // "none" | "log1p" | "divide_by_mean" | "overdensity"
 //   "outputs": [{"name": "Omega_M", "unit": "", "offset": 0.30, "scale": 0.05}, ...],
 //   "layers": [
 //     {"type": "conv3d", "filters": 16, "kernel": 3, "stride": 1, "padding": "valid"},
@@ -31,9 +31,9 @@
 namespace cosmoflow {
 
 enum class LayerType { kConv3d, kAvgPool, kMaxPool, kLeakyRelu, kDropout, kFlatten, kDense, kScaledTanh };
-enum class InputTransform { kNone, kLog1p, kDivideByMean };
+enum class InputTransform { kNone, kLog1p, kDivideByMean, kOverdensity };
 const char* LayerTypeName(LayerType t);             // "conv3d", "avg_pool", ... (the JSON names)
-const char* InputTransformName(InputTransform t);   // "none", "log1p", "divide_by_mean"
+const char* InputTransformName(InputTransform t);   // "none", "log1p", "divide_by_mean", "overdensity"
 
 struct LayerSpec {
   LayerType type = LayerType::kConv3d;
@@ -93,7 +93,8 @@ std::vector<std::string> BuiltinSpecNames();
 std::vector<OutputSpec> CosmoFlowOutputs(int num_params /* 3 or 4 */);
 
 // Applies the spec's input transform to `n` counts: log1p(x), x / mean(x) (mean over the cube's
-// channel), or identity. `voxels_per_channel` is used by divide_by_mean.
+// channel), x / mean(x) - 1 (overdensity), or identity. `voxels_per_channel` is used by
+// divide_by_mean and overdensity.
 void ApplyInputTransform(InputTransform t, const int16_t* counts, int64_t n, int64_t voxels_per_channel,
                          float* dst);
 void ApplyInputTransform(InputTransform t, const float* values, int64_t n, int64_t voxels_per_channel,

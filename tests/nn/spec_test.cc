@@ -87,6 +87,23 @@ TEST(SpecTest, BadSpecsAreRefusedNamingTheLayer) {
   EXPECT_NE(r.status().message().find("filters"), std::string::npos) << r.status().message();
   EXPECT_FALSE(ModelSpec::FromJson("{not json").ok());
   EXPECT_FALSE(ModelSpec::FromJson("[]").ok());
+  r = ModelSpec::FromJson(R"({"input_channels":1,"input_side":8,"outputs":[{"name":"a"}],
+      "input_transform":"sqrt","layers":[{"type":"flatten"},{"type":"dense","units":1}]})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'sqrt'"), std::string::npos) << r.status().message();
+}
+
+TEST(SpecTest, EveryInputTransformRoundTripsThroughJson) {
+  for (const char* name : {"none", "log1p", "divide_by_mean", "overdensity"}) {
+    auto r = ModelSpec::FromJson(std::string(R"({"input_channels":1,"input_side":8,"input_transform":")") +
+                                 name + R"(","outputs":[{"name":"a"}],
+        "layers":[{"type":"flatten"},{"type":"dense","units":1}]})");
+    ASSERT_TRUE(r.ok()) << name << ": " << r.status().ToString();
+    EXPECT_STREQ(InputTransformName(r->input_transform), name);
+    auto back = ModelSpec::FromJson(r->ToJson());
+    ASSERT_TRUE(back.ok()) << name;
+    EXPECT_EQ(back->input_transform, r->input_transform) << name;
+  }
 }
 
 TEST(SpecTest, InputTransforms) {
@@ -99,6 +116,14 @@ TEST(SpecTest, InputTransforms) {
   // channel 0 mean 4/3, channel 1 mean 2
   EXPECT_FLOAT_EQ(out[1], 0.75f);
   EXPECT_FLOAT_EQ(out[4], 1.f);
+  ApplyInputTransform(InputTransform::kOverdensity, counts, 6, 3, out);
+  EXPECT_FLOAT_EQ(out[0], -1.f);
+  EXPECT_FLOAT_EQ(out[1], -0.25f);
+  EXPECT_FLOAT_EQ(out[2], 1.25f);
+  EXPECT_FLOAT_EQ(out[4], 0.f);
+  const int16_t empty[3] = {0, 0, 0};  // an empty channel: -1 everywhere, not NaN
+  ApplyInputTransform(InputTransform::kOverdensity, empty, 3, 3, out);
+  EXPECT_FLOAT_EQ(out[1], -1.f);
   ApplyInputTransform(InputTransform::kNone, counts, 6, 3, out);
   EXPECT_FLOAT_EQ(out[2], 3.f);
   // log1p of int16 counts comes from a table: the same bits as std::log1p for every int16 value

@@ -70,7 +70,8 @@ TEST(CubeToNetworkInput, MatchesApplyInputTransformBitForBit) {
   auto view = ValidateCube(c, {1, 32});
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   for (InputTransform t :
-       {InputTransform::kLog1p, InputTransform::kNone, InputTransform::kDivideByMean}) {
+       {InputTransform::kLog1p, InputTransform::kNone, InputTransform::kDivideByMean,
+        InputTransform::kOverdensity}) {
     std::vector<float> fast(counts.size()), reference(counts.size());
     CubeToNetworkInput(*view, t, fast.data());
     ApplyInputTransform(t, counts.data(), int64_t(counts.size()), int64_t(counts.size()),
