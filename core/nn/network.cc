@@ -226,6 +226,19 @@ struct FusedLeakyBwd {
 
 bool IsRef(const char* impl) { return std::string(impl).rfind("ref", 0) == 0; }
 
+// A COSMOFLOW_* switch between one of our kernels and oneDNN's (the tests run both paths): +1 when
+// the variable is `ours` ("ours", "transposed"), -1 when it is "onednn", 0 otherwise (the op's rule
+// decides).
+int ForcedPath(const char* variable, const char* ours) {
+  const char* v = std::getenv(variable);
+  if (v == nullptr) return 0;
+  if (std::string(v) == "onednn") return -1;
+  return std::string(v) == ours ? 1 : 0;
+}
+
+// True when oneDNN's primitive runs as im2col + gemm rather than a direct kernel.
+bool IsGemm(const char* impl) { return std::string(impl).find("gemm") != std::string::npos; }
+
 // The backward-weights and backward-data implementations oneDNN picks for a conv with this concrete
 // src layout.
 std::pair<std::string, std::string> BackwardImpls(Ctx& c, const memory::desc& src_md,
@@ -302,7 +315,7 @@ class ConvOp : public Op {
       int gemm = 0;
       for (const auto& impl : impls) {
         if (IsRef(impl.c_str())) return -1;
-        if (impl.find("gemm") != std::string::npos) ++gemm;
+        if (IsGemm(impl.c_str())) ++gemm;
       }
       return gemm;
     };
@@ -461,11 +474,9 @@ class ConvOp : public Op {
         dst_md != memory::desc(out_dims, Dt::f32, Tag::ndhwc)) {
       return false;
     }
-    const char* force = std::getenv("COSMOFLOW_FIRST_CONV_WGRAD");
-    if (force != nullptr && std::string(force) == "onednn") return false;
-    if (force != nullptr && std::string(force) == "ours") return true;
+    if (const int forced = ForcedPath("COSMOFLOW_FIRST_CONV_WGRAD", "ours"); forced != 0) return forced > 0;
     // ChannelsLastWeightGrad takes 4 channels too, 1.8x faster (it reads ndhwc in place).
-    return std::string(bwd_w_pd_.impl_info_str()).find("gemm") != std::string::npos &&
+    return IsGemm(bwd_w_pd_.impl_info_str()) &&
            !ChannelsLastWeightGrad::Supported(static_cast<int>(geom_.ic), static_cast<int>(geom_.oc),
                                               static_cast<int>(geom_.stride));
   }
@@ -480,10 +491,8 @@ class ConvOp : public Op {
         dst_md != memory::desc(out_dims, Dt::f32, Tag::ndhwc)) {
       return false;
     }
-    const char* force = std::getenv("COSMOFLOW_CONV_WGRAD");
-    if (force != nullptr && std::string(force) == "onednn") return false;
-    if (force != nullptr && std::string(force) == "ours") return true;
-    return std::string(bwd_w_pd_.impl_info_str()).find("gemm") != std::string::npos;
+    if (const int forced = ForcedPath("COSMOFLOW_CONV_WGRAD", "ours"); forced != 0) return forced > 0;
+    return IsGemm(bwd_w_pd_.impl_info_str());
   }
 
   // Backward-data of a stride-1 convolution is itself a convolution: diff_src = diff_dst, padded by
@@ -495,9 +504,7 @@ class ConvOp : public Op {
   // (the tests run both).
   bool UseTransposedBwdData(Ctx& c) const {
     if (geom_.stride != 1) return false;  // the identity above holds for stride 1 only
-    const char* force = std::getenv("COSMOFLOW_CONV_BWD_DATA");
-    if (force != nullptr && std::string(force) == "onednn") return false;
-    if (force != nullptr && std::string(force) == "transposed") return true;
+    if (const int forced = ForcedPath("COSMOFLOW_CONV_BWD_DATA", "transposed"); forced != 0) return forced > 0;
     return c.dt == Dt::f32 && geom_.ic <= 16;
   }
 

@@ -143,25 +143,14 @@ TEST(NetworkFirstConvTest, OwnWeightGradientMatchesOneDnnAndFiniteDifferences) {
                                         LeakyL(0.01f), FlattenL(), DenseL(3)}, 3);
       ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
       const int batch = 2;
-      auto x = RandomVector(InputSize(spec) * batch, 41, 0.f, 2.f);
-      auto r = RandomVector(batch * 3, 42);
-      std::unique_ptr<Network> nets[2] = {MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_FIRST_CONV_WGRAD", "ours"),
-                                          MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_FIRST_CONV_WGRAD", "onednn")};
-      ASSERT_TRUE(nets[0] && nets[1]);
-      std::vector<float> y(batch * 3);
-      std::string reports[2];
-      for (int m = 0; m < 2; ++m) {
-        nets[m]->SetProfiling(true);
-        nets[m]->Forward(x.data(), y.data());
-        nets[m]->Backward(r.data());
-        reports[m] = nets[m]->ProfileReport();
-      }
+      OursAndOneDnn run = RunOursAndOneDnn(spec, batch, "COSMOFLOW_FIRST_CONV_WGRAD", 41);
+      ASSERT_TRUE(run.ours && run.onednn);
       // On AVX2 oneDNN picks channels-last with a gemm backward-weights here, so ours runs.
       if (std::string(FirstBlockKernel::Isa()) == "avx2") {
-        EXPECT_NE(reports[0].find("first_conv_wgrad"), std::string::npos) << reports[0];
+        EXPECT_NE(run.ours_report.find("first_conv_wgrad"), std::string::npos) << run.ours_report;
       }
-      EXPECT_EQ(reports[1].find("first_conv_wgrad"), std::string::npos) << reports[1];
-      ExpectSameGradients(*nets[0], *nets[1]);
+      EXPECT_EQ(run.onednn_report.find("first_conv_wgrad"), std::string::npos) << run.onednn_report;
+      ExpectSameGradients(*run.ours, *run.onednn);
       ScopedEnv env("COSMOFLOW_FIRST_CONV_WGRAD", "ours");
       ExpectGradientsMatchFiniteDifferences(spec, batch);
     }
@@ -191,19 +180,8 @@ TEST(NetworkConvTest, ChannelsLastWeightGradientMatchesOneDnnAndFiniteDifference
     const ModelSpec& spec = c.spec;
     ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
     const int batch = 2;
-    auto x = RandomVector(InputSize(spec) * batch, 51, 0.f, 2.f);
-    auto r = RandomVector(batch * 3, 52);
-    std::unique_ptr<Network> nets[2] = {MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_CONV_WGRAD", "ours"),
-                                        MakeTrainingNetWithEnv(spec, batch, "COSMOFLOW_CONV_WGRAD", "onednn")};
-    ASSERT_TRUE(nets[0] && nets[1]);
-    std::vector<float> y(batch * 3);
-    std::string reports[2];
-    for (int m = 0; m < 2; ++m) {
-      nets[m]->SetProfiling(true);
-      nets[m]->Forward(x.data(), y.data());
-      nets[m]->Backward(r.data());
-      reports[m] = nets[m]->ProfileReport();
-    }
+    OursAndOneDnn run = RunOursAndOneDnn(spec, batch, "COSMOFLOW_CONV_WGRAD", 51);
+    ASSERT_TRUE(run.ours && run.onednn);
     auto count = [](const std::string& report) {
       size_t n = 0;
       for (size_t at = report.find("channels_last_wgrad"); at != std::string::npos;
@@ -213,10 +191,10 @@ TEST(NetworkConvTest, ChannelsLastWeightGradientMatchesOneDnnAndFiniteDifference
       return n;
     };
     if (std::string(FirstBlockKernel::Isa()) == "avx2") {
-      EXPECT_EQ(count(reports[0]), c.ours) << reports[0];
+      EXPECT_EQ(count(run.ours_report), c.ours) << run.ours_report;
     }
-    EXPECT_EQ(count(reports[1]), 0u) << reports[1];
-    ExpectSameGradients(*nets[0], *nets[1]);
+    EXPECT_EQ(count(run.onednn_report), 0u) << run.onednn_report;
+    ExpectSameGradients(*run.ours, *run.onednn);
     ScopedEnv env("COSMOFLOW_CONV_WGRAD", "ours");
     ExpectGradientsMatchFiniteDifferences(spec, batch);
   }

@@ -244,6 +244,30 @@ inline std::unique_ptr<Network> MakeTrainingNetWithEnv(const ModelSpec& spec, in
   return MakeNet(spec, batch, true);
 }
 
+// Two training networks of `spec`, built with environment variable `name` = "ours" and "onednn"
+// (our kernel forced on / off), each run forward and backward once, profiled, on the same random
+// input and output gradient: for tests that compare one of our kernels with oneDNN's.
+struct OursAndOneDnn {
+  std::unique_ptr<Network> ours, onednn;
+  std::string ours_report, onednn_report;  // ProfileReport(): which implementation ran each op
+};
+inline OursAndOneDnn RunOursAndOneDnn(const ModelSpec& spec, int batch, const char* name, uint64_t seed) {
+  OursAndOneDnn r{MakeTrainingNetWithEnv(spec, batch, name, "ours"), MakeTrainingNetWithEnv(spec, batch, name, "onednn"),
+                  "", ""};
+  if (!r.ours || !r.onednn) return r;
+  const int outputs = static_cast<int>(spec.outputs.size());
+  auto x = RandomVector(InputSize(spec) * batch, seed, 0.f, 2.f);
+  auto diff = RandomVector(int64_t{batch} * outputs, seed + 1);
+  std::vector<float> y(int64_t{batch} * outputs);
+  for (auto [net, report] : {std::pair{r.ours.get(), &r.ours_report}, std::pair{r.onednn.get(), &r.onednn_report}}) {
+    net->SetProfiling(true);
+    net->Forward(x.data(), y.data());
+    net->Backward(diff.data());
+    *report = net->ProfileReport();
+  }
+  return r;
+}
+
 // Every parameter gradient of `a` within rel_tol * max|gradient of the tensor in b| of `b`'s.
 inline void ExpectSameGradients(Network& a, Network& b, double rel_tol = 1e-4) {
   ASSERT_EQ(a.parameters().size(), b.parameters().size());
