@@ -17,7 +17,7 @@
 #   and fitting the baseline). The earlier, larger study: SPEC=tools/specs/study32x4w.json
 #   N_TRAIN=16384 EPOCHS=60 (42 min in bf16 on a Zen 5, ~2.5 h in fp32 on the Zen 3).
 # The earlier particle-mesh study: DISPLACEMENT=pm PARTICLES=1 SPEC=tools/specs/study32x4.json
-#   EPOCHS=30 PRECISION=fp32 (docs/accuracy.md).
+#   N_TRAIN=16384 EPOCHS=30 PRECISION=fp32 (docs/accuracy.md).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$here/accuracy-out}")
