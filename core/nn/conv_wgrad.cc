@@ -79,8 +79,6 @@ void AccumulateTapFourChannels(int c, int f, const float* x, int64_t x_row, cons
   }
 }
 
-int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
-
 }  // namespace
 
 bool ChannelsLastWeightGrad::Supported(int in_channels, int filters, int stride) {
@@ -95,7 +93,7 @@ ChannelsLastWeightGrad::ChannelsLastWeightGrad(int batch, int in_channels, int f
     : n_(batch), c_(in_channels), f_(filters), s_(side), k_(kernel), pl_(pad_left), o_(out_side) {
   assert(Supported(c_, f_, 1) && k_ >= 1 && pl_ >= 0);
   threads_ = omp_get_max_threads();
-  partial_stride_ = RoundUp16(int64_t{k_} * k_ * k_ * f_ * c_ + f_);
+  partial_stride_ = nn_internal::RoundUp16(int64_t{k_} * k_ * k_ * f_ * c_ + f_);
   partial_ = nn_internal::AlignedFloats(storage_, threads_ * partial_stride_);
 }
 

@@ -243,9 +243,8 @@ void GradRowDispatch(int k, const float* x, int64_t s, int d, int h, int width, 
   }
 }
 
-int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
-
 using nn_internal::AlignedFloats;
+using nn_internal::RoundUp16;
 using nn_internal::SumPartialsInThreadOrder;
 
 }  // namespace

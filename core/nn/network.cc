@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iomanip>
 #include <sstream>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -372,19 +373,21 @@ class ConvOp : public Op {
                                                    memory::desc({oc, ic, k, k, k}, Dt::f32, Tag::any), b_md,
                                                    dst_md, strides, padl, padr),
           c.eng, fwd_pd_);
-      if (UseFirstConvWeightGrad(c, first_op, in_dims, {n, oc, out, out, out})) {
-        first_wgrad_ = std::make_unique<FirstConvWeightGrad>(static_cast<int>(n), static_cast<int>(ic),
-                                                             static_cast<int>(side), static_cast<int>(k),
-                                                             static_cast<int>(pl), static_cast<int>(out));
-        grad_w_ = w.grad.data();
-        grad_b_ = b.grad.data();
+      if (UseFirstConvWeightGrad(first_op, in_dims, {n, oc, out, out, out})) {
+        auto kernel = std::make_shared<FirstConvWeightGrad>(static_cast<int>(n), static_cast<int>(ic),
+                                                            static_cast<int>(side), static_cast<int>(k),
+                                                            static_cast<int>(pl), static_cast<int>(out));
+        own_wgrad_ = [kernel, gw = w.grad.data(), gb = b.grad.data()](const float* x, const float* dy) {
+          kernel->Run(x, dy, gw, gb);
+        };
         impl_ += std::string(" bwd_w=cosmoflow:first_conv_wgrad(") + FirstBlockKernel::Isa() + ")";
       } else if (UseChannelsLastWeightGrad(in_dims, {n, oc, out, out, out})) {
-        cl_wgrad_ = std::make_unique<ChannelsLastWeightGrad>(
+        auto kernel = std::make_shared<ChannelsLastWeightGrad>(
             static_cast<int>(n), static_cast<int>(ic), static_cast<int>(oc), static_cast<int>(side),
             static_cast<int>(k), static_cast<int>(pl), static_cast<int>(out));
-        grad_w_ = w.grad.data();
-        grad_b_ = b.grad.data();
+        own_wgrad_ = [kernel, gw = w.grad.data(), gb = b.grad.data()](const float* x, const float* dy) {
+          kernel->Run(x, dy, gw, gb);
+        };
         impl_ += " bwd_w=cosmoflow:channels_last_wgrad(avx2)";
       } else {  // oneDNN's primitive (not generated when ours replaces it)
         bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
@@ -426,12 +429,9 @@ class ConvOp : public Op {
   }
   void Backward(Ctx& c, bool need_diff_src) override {
     leaky_bwd_.Run(c, dst, diff_dst);
-    if (first_wgrad_) {
-      first_wgrad_->Run(static_cast<const float*>(conv_src_.get_data_handle()),
-                        static_cast<const float*>(diff_dst.get_data_handle()), grad_w_, grad_b_);
-    } else if (cl_wgrad_) {
-      cl_wgrad_->Run(static_cast<const float*>(conv_src_.get_data_handle()),
-                     static_cast<const float*>(diff_dst.get_data_handle()), grad_w_, grad_b_);
+    if (own_wgrad_) {
+      own_wgrad_(static_cast<const float*>(conv_src_.get_data_handle()),
+                 static_cast<const float*>(diff_dst.get_data_handle()));
     } else {
       bwd_w_.execute(c.strm, {{DNNL_ARG_SRC, conv_src_}, {DNNL_ARG_DIFF_DST, diff_dst},
                               {DNNL_ARG_DIFF_WEIGHTS, wgrad_.work}, {DNNL_ARG_DIFF_BIAS, diff_bias_}});
@@ -461,17 +461,21 @@ class ConvOp : public Op {
     int64_t ic = 0, oc = 0, k = 0, stride = 0, pad_left = 0, pad_right = 0;
   };
 
+  // Both weight-gradient kernels read fp32 channels-last (ndhwc) src and diff_dst.
+  bool Fp32ChannelsLast(const Dims& in_dims, const Dims& out_dims) const {
+    return conv_src_md_ == memory::desc(in_dims, Dt::f32, Tag::ndhwc) &&
+           dst_md == memory::desc(out_dims, Dt::f32, Tag::ndhwc);
+  }
+
   // The first conv's weight gradient by our kernel (FirstConvWeightGrad) where oneDNN would run it
   // as im2col + gemm and ChannelsLastWeightGrad does not take the shape (1-3 input channels): fp32,
   // channels-last src and dst, a shape the kernel takes. With AVX-512
   // oneDNN has direct kernels, so this is for AVX2 builds. COSMOFLOW_FIRST_CONV_WGRAD=onednn|ours
   // overrides the rule (the tests run both).
-  bool UseFirstConvWeightGrad(Ctx& c, bool first_op, const Dims& in_dims, const Dims& out_dims) const {
-    if (!first_op || c.dt != Dt::f32 ||
+  bool UseFirstConvWeightGrad(bool first_op, const Dims& in_dims, const Dims& out_dims) const {
+    if (!first_op || !Fp32ChannelsLast(in_dims, out_dims) ||
         !FirstConvWeightGrad::Supported(static_cast<int>(geom_.ic), static_cast<int>(geom_.oc),
-                                        static_cast<int>(geom_.k), static_cast<int>(geom_.stride)) ||
-        conv_src_md_ != memory::desc(in_dims, Dt::f32, Tag::ndhwc) ||
-        dst_md != memory::desc(out_dims, Dt::f32, Tag::ndhwc)) {
+                                        static_cast<int>(geom_.k), static_cast<int>(geom_.stride))) {
       return false;
     }
     if (const int forced = ForcedPath("COSMOFLOW_FIRST_CONV_WGRAD", "ours"); forced != 0) return forced > 0;
@@ -485,10 +489,9 @@ class ConvOp : public Op {
   // it as im2col + gemm (AVX2): fp32, channels-last src and dst, a shape the kernel takes.
   // COSMOFLOW_CONV_WGRAD=onednn|ours overrides the rule (the tests run both).
   bool UseChannelsLastWeightGrad(const Dims& in_dims, const Dims& out_dims) const {
-    if (!ChannelsLastWeightGrad::Supported(static_cast<int>(geom_.ic), static_cast<int>(geom_.oc),
-                                           static_cast<int>(geom_.stride)) ||
-        conv_src_md_ != memory::desc(in_dims, Dt::f32, Tag::ndhwc) ||
-        dst_md != memory::desc(out_dims, Dt::f32, Tag::ndhwc)) {
+    if (!Fp32ChannelsLast(in_dims, out_dims) ||
+        !ChannelsLastWeightGrad::Supported(static_cast<int>(geom_.ic), static_cast<int>(geom_.oc),
+                                           static_cast<int>(geom_.stride))) {
       return false;
     }
     if (const int forced = ForcedPath("COSMOFLOW_CONV_WGRAD", "ours"); forced != 0) return forced > 0;
@@ -574,10 +577,9 @@ class ConvOp : public Op {
   WeightGrad wgrad_;
   memory bias_, diff_bias_;
   FusedLeakyBwd leaky_bwd_;
-  std::unique_ptr<FirstConvWeightGrad> first_wgrad_;  // replaces bwd_w_ when set
-  std::unique_ptr<ChannelsLastWeightGrad> cl_wgrad_;  // replaces bwd_w_ when set
-  float* grad_w_ = nullptr;
-  float* grad_b_ = nullptr;
+  // One of our weight-gradient kernels (src, diff_dst) -> the parameters' gradients; replaces
+  // bwd_w_ when set.
+  std::function<void(const float*, const float*)> own_wgrad_;
 };
 
 class DenseOp : public Op {

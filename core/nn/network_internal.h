@@ -37,6 +37,8 @@ using AlignedBuffer = std::unique_ptr<void, AlignedFree>;
 // Page-aligned, uninitialised; size rounded up to whole pages.
 AlignedBuffer AllocateAligned(size_t bytes);
 
+inline int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
+
 // `floats` zeroed floats starting at a 64-byte boundary inside `storage` (resized to hold them).
 inline float* AlignedFloats(std::vector<float>& storage, int64_t floats) {
   storage.assign(floats + 16, 0.f);
