@@ -1,4 +1,4 @@
-#include "core/nn/first_block.h"
+#include "core/nn/kernels/first_block.h"
 
 #include <stdexcept>
 

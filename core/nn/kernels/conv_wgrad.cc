@@ -1,4 +1,4 @@
-#include "core/nn/conv_wgrad.h"
+#include "core/nn/kernels/conv_wgrad.h"
 
 #include <stdexcept>
 
