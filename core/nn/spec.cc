@@ -218,7 +218,7 @@ StatusOr<ModelSpec> ModelSpec::FromJson(const std::string& text) {
 }
 
 std::vector<OutputSpec> CosmoFlowOutputs(int num_params) {
-  // Ranges of the CosmoFlow parameter draws (DESIGN.md); H0 follows MLPerf's 70 * (1 +- 0.1).
+  // Ranges of the CosmoFlow parameter draws (the synthetic prior, docs/data.md); H0 follows MLPerf's 70 * (1 +- 0.1).
   std::vector<OutputSpec> all = {
       {"Omega_M", "", 0.30f, 0.05f},
       {"sigma_8", "", 0.865f, 0.085f},
@@ -408,8 +408,8 @@ void ApplyInputTransform(InputTransform t, const int16_t* counts, int64_t n, int
                          float* dst) {
   if (t == InputTransform::kLog1p) {
     // log1p of every int16 value, computed once (256 KiB, stays in L2): a scalar std::log1p per
-    // voxel cost 22 ms per 128^3 cube, the table 0.7 ms, next to a ~55 ms forward pass per cube on
-    // two cores. The server (per batch) and the trainer's loader both use it; same bits.
+    // voxel costs a sizeable fraction of a forward pass per cube, the table a few percent of that.
+    // The server (per batch) and the trainer's loader both use it; same bits.
     static const std::vector<float> table = [] {
       std::vector<float> v(65536);
       for (int i = -32768; i <= 32767; ++i) v[i + 32768] = std::log1p(static_cast<float>(i));

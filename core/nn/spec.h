@@ -18,7 +18,7 @@
 // Label normalisation: the network regresses normalised labels n = (physical - offset) / scale;
 // the server maps its outputs back with physical = offset + scale * n. Both travel in the spec.
 // The training loss is taken on n, so scale is also each output's unit of error in the loss: a
-// larger scale weighs that output less (tools/specs/study32x4w.json gives n_s, which a small box
+// larger scale weighs that output less (tools/specs/study32x4-mean-ns-light.json gives n_s, which a small box
 // barely constrains, 4x its half-range so that its irreducible error does not dominate).
 #pragma once
 
