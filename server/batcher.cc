@@ -97,10 +97,11 @@ void Batcher::EndPrepare() {
 void Batcher::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && !worker_.joinable()) return;
     stopping_ = true;
   }
   cv_.notify_all();
+  // worker_ itself is touched only under join_mu_, so concurrent Stop() calls join it once.
+  std::lock_guard<std::mutex> lock(join_mu_);
   if (worker_.joinable()) worker_.join();
 }
 

@@ -107,6 +107,7 @@ class Batcher {
   bool stopping_ = false;
   std::vector<float> batch_input_;   // worker only
   std::vector<float> batch_output_;  // worker only
+  std::mutex join_mu_;               // guards worker_ (joined by Stop)
   std::thread worker_;
 };
 
