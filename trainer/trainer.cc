@@ -289,7 +289,8 @@ Status Trainer::LoadSpecAndPrecision() {
   Status local = !spec.ok() ? spec.status() : precision.status();
   if (local.ok() && *precision == Precision::kBf16 && !Bf16Supported()) {
     // Known before anything is written: refuse here rather than leave an empty run directory.
-    local = FailedPreconditionError("--precision=bf16: this CPU has neither AVX512-BF16 nor AMX (use fp32)");
+    local = FailedPreconditionError(
+        "--precision=bf16: this CPU has neither AVX512-BF16 nor AMX (use fp32)");
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   spec_ = *spec;
@@ -364,8 +365,7 @@ Status Trainer::Stage() {
 Status Trainer::StageIntoDirectory() {
   CF_ASSIGN_OR_RETURN(std::string staged,
                       StageToDirectory(*train_set_, opt_.stage, "train", world_));
-  CF_ASSIGN_OR_RETURN(train_set_,
-                      OpenDatasetEverywhere(staged, spec_, "--train (staged)", world_));
+  CF_ASSIGN_OR_RETURN(train_set_, OpenDatasetEverywhere(staged, spec_, "--train (staged)", world_));
   if (val_set_) {
     CF_ASSIGN_OR_RETURN(std::string sv, StageToDirectory(*val_set_, opt_.stage, "val", world_));
     CF_ASSIGN_OR_RETURN(val_set_, OpenDatasetEverywhere(sv, spec_, "--val (staged)", world_));
@@ -832,9 +832,8 @@ void Trainer::LogRunDescription() const {
                << opt_.batch << " = global batch " << sampler_->global_batch() << ", "
                << steps_per_epoch_ << " steps/epoch, " << total_steps_ << " steps, recipe "
                << LrRecipeName(opt_.lr.recipe) << " (" << optimizer_->name() << ", peak lr "
-               << schedule_->peak_lr() << "), " << reducer_->num_buckets()
-               << " gradient buckets, " << reducer_->total_bytes() / 1e6
-               << " MB in all, allreduce " << opt_.allreduce;
+               << schedule_->peak_lr() << "), " << reducer_->num_buckets() << " gradient buckets, "
+               << reducer_->total_bytes() / 1e6 << " MB in all, allreduce " << opt_.allreduce;
 }
 
 // Batches of steps [step_, total_steps_): this rank's share of each global batch.
@@ -866,9 +865,8 @@ PrefetchConfig Trainer::TrainingLoaderConfig() const {
 // to read its batch, so all of them take the same branch. Sets *comm to the time it took.
 std::optional<int> Trainer::StepBoundary(PrefetchLoader& loader, const PrefetchedBatch* batch,
                                          double* comm) {
-  Status local = batch
-                     ? batch->status
-                     : InternalError("input pipeline ended before step " + std::to_string(step_));
+  Status local = batch ? batch->status
+                       : InternalError("input pipeline ended before step " + std::to_string(step_));
   MaybeDieForTests();
   int flags[2] = {StopRequested() ? 1 : 0, local.ok() ? 0 : 1};
   int any[2] = {0, 0};
@@ -894,10 +892,9 @@ void Trainer::MaybeDieForTests() const {
 
 int Trainer::StopForRequeue() {
   CF_LOG(WARNING) << "stop requested"
-                  << (StopRequested() ? " (signal " + std::to_string(StopSignal()) + " here)"
-                                      : "")
-                  << ": checkpointing at step " << step_ << " and exiting with "
-                  << kRequeueExitCode << " for requeue";
+                  << (StopRequested() ? " (signal " + std::to_string(StopSignal()) + " here)" : "")
+                  << ": checkpointing at step " << step_ << " and exiting with " << kRequeueExitCode
+                  << " for requeue";
   Status s = SaveCheckpoint();
   WriteSummary(s.ok() ? "stopped" : "error");
   if (!s.ok()) return Fail(s);
