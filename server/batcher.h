@@ -52,8 +52,8 @@ struct BatcherOptions {
   std::chrono::microseconds max_queue_delay{-1};
   int max_queue = 64;  // requests waiting (not counting the batch being computed)
   // When the queue delay has passed but requests are still being received and validated on gRPC
-  // threads (128^3 cubes take milliseconds), the batch waits for them up to this much longer: on two
-  // cores a fuller batch is worth far more than a few ms. 0 = never wait for them.
+  // threads (128^3 cubes take milliseconds), the batch waits for them up to this much longer: on
+  // two cores a fuller batch is worth far more than a few ms. 0 = never wait for them.
   std::chrono::microseconds max_prepare_wait{50000};
   // Adaptive early flush: a batch leaves as soon as it holds as many cubes as were recently
   // outstanding at once (queued + being prepared + being computed, peak over the last few
@@ -89,6 +89,14 @@ class Batcher {
  private:
   void WorkerLoop();
   void RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch);
+  // Answers the requests that must not be computed (expired, cancelled, no model, a shape the
+  // model no longer takes) and returns the others.
+  std::vector<InferenceRequest*> AnswerUncomputable(
+      std::vector<std::unique_ptr<InferenceRequest>>& batch, const Model* model,
+      std::chrono::steady_clock::time_point start);
+  // Transforms `computed` into the batch input, runs the model and answers them.
+  void Compute(const std::vector<InferenceRequest*>& computed, const std::shared_ptr<Model>& model,
+               std::chrono::steady_clock::time_point start);
 
   const BatcherOptions options_;
   Metrics* metrics_;
@@ -107,6 +115,7 @@ class Batcher {
   bool stopping_ = false;
   std::vector<float> batch_input_;   // worker only
   std::vector<float> batch_output_;  // worker only
+  std::mutex join_mu_;               // guards worker_ (joined by Stop)
   std::thread worker_;
 };
 

@@ -18,6 +18,60 @@ std::string ModelVersion(const Checkpoint& checkpoint) {
   return checkpoint.spec.name + "-" + step + "-" + checkpoint.checksum;
 }
 
+namespace {
+
+// The batch sizes to build, largest first: max_batch and the powers of two below it.
+std::vector<int> BatchSizes(int max_batch) {
+  std::vector<int> sizes{max_batch};
+  for (int b = 1; b < max_batch; b *= 2) sizes.push_back(b);
+  std::sort(sizes.begin(), sizes.end(), std::greater<int>());
+  return sizes;
+}
+
+// Time of one warm forward pass: the fastest of up to 3 passes within about a second, since a
+// busy machine makes single passes slow at random.
+double TimeForwardPass(Network& net, const float* src, float* dst) {
+  double fastest = 1e9;
+  const auto timing_start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    net.Forward(src, dst);
+    const auto t1 = std::chrono::steady_clock::now();
+    fastest = std::min(fastest, std::chrono::duration<double>(t1 - t0).count());
+    if (t1 - timing_start > std::chrono::seconds(1)) break;
+  }
+  return fastest;
+}
+
+// An inference network for batch n with `weights`, warmed up on zero cubes (`elements` floats each,
+// `outputs` values out). For n = 1 also times a pass into *forward1_seconds (what one cube costs,
+// for the batcher's automatic delay).
+StatusOr<std::unique_ptr<Network>> BuildWarmNetwork(const ModelSpec& spec,
+                                                    const std::vector<NamedTensor>& weights, int n,
+                                                    Precision precision, int64_t elements,
+                                                    int outputs, double* forward1_seconds) {
+  NetworkOptions net_options;
+  net_options.batch = n;
+  net_options.precision = precision;
+  net_options.training = false;
+  auto net = Network::Create(spec, net_options);
+  if (!net.ok())
+    return net.status().WithContext("building the network for batch " + std::to_string(n));
+  CF_RETURN_IF_ERROR((*net)->LoadParameters(weights));
+  // Warm-up: the first pass pays for page faults and JIT; outputs must be finite or the
+  // checkpoint is refused (a diverged model must not replace a working one).
+  std::vector<float> warm_src(size_t(n) * elements, 0.f);
+  std::vector<float> warm_dst(size_t(n) * outputs, 0.f);
+  (*net)->Forward(warm_src.data(), warm_dst.data());
+  if (n == 1) *forward1_seconds = TimeForwardPass(**net, warm_src.data(), warm_dst.data());
+  for (float v : warm_dst)
+    if (!std::isfinite(v))
+      return DataLossError("warm-up forward pass gave a non-finite output (diverged weights?)");
+  return std::move(net).value();
+}
+
+}  // namespace
+
 StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& path, const ModelOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (options.max_batch < 1 || options.max_batch > 256)
@@ -53,46 +107,11 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& path, const Mode
   model->checkpoint_.optimizer_state.clear();
   model->checkpoint_.optimizer_state.shrink_to_fit();
 
-  const int64_t elements = model->input_elements();
-  const int p = model->num_outputs();
-  std::vector<float> warm_src;
-  std::vector<float> warm_dst;
-  std::vector<int> sizes{options.max_batch};
-  for (int b = 1; b < options.max_batch; b *= 2) sizes.push_back(b);
-  std::sort(sizes.begin(), sizes.end(), std::greater<int>());
-  for (int n : sizes) {
-    NetworkOptions net_options;
-    net_options.batch = n;
-    net_options.precision = options.precision;
-    net_options.training = false;
-    auto net = Network::Create(spec, net_options);
-    if (!net.ok())
-      return fail(net.status().WithContext("building the network for batch " + std::to_string(n)));
-    if (Status s = (*net)->LoadParameters(model->checkpoint_.weights); !s.ok()) return fail(s);
-    // Warm-up: the first pass pays for page faults and JIT; outputs must be finite or the
-    // checkpoint is refused (a diverged model must not replace a working one).
-    warm_src.assign(size_t(n) * elements, 0.f);
-    warm_dst.assign(size_t(n) * p, 0.f);
-    (*net)->Forward(warm_src.data(), warm_dst.data());
-    if (n == 1) {
-      // Timed passes once warm: what one cube costs (for the batcher's automatic delay). The
-      // fastest of up to 3 passes within about a second, since a busy machine makes single
-      // passes slow at random.
-      model->forward1_seconds_ = 1e9;
-      const auto timing_start = std::chrono::steady_clock::now();
-      for (int pass = 0; pass < 3; ++pass) {
-        const auto t0 = std::chrono::steady_clock::now();
-        (*net)->Forward(warm_src.data(), warm_dst.data());
-        const auto t1 = std::chrono::steady_clock::now();
-        model->forward1_seconds_ =
-            std::min(model->forward1_seconds_, std::chrono::duration<double>(t1 - t0).count());
-        if (t1 - timing_start > std::chrono::seconds(1)) break;
-      }
-    }
-    for (float v : warm_dst)
-      if (!std::isfinite(v))
-        return fail(
-            DataLossError("warm-up forward pass gave a non-finite output (diverged weights?)"));
+  for (int n : BatchSizes(options.max_batch)) {
+    auto net =
+        BuildWarmNetwork(spec, model->checkpoint_.weights, n, options.precision,
+                         model->input_elements(), model->num_outputs(), &model->forward1_seconds_);
+    if (!net.ok()) return fail(net.status());
     model->networks_.push_back(std::move(*net));
   }
   // Weights now live in the networks; ModelInfo needs only names, not values.
@@ -100,7 +119,7 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& path, const Mode
     t.data.clear();
     t.data.shrink_to_fit();
   }
-  model->normalised_.resize(size_t(options.max_batch) * p);
+  model->normalised_.resize(size_t(options.max_batch) * model->num_outputs());
   model->load_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   model->loaded_at_unix_seconds_ =

@@ -11,7 +11,7 @@
 #include "core/nn/loss.h"
 #include "core/nn/optimizer.h"
 #include "core/nn/schedule.h"
-#include "core/nn/train_loop.h"
+#include "tests/common/train_loop.h"
 #include "tests/nn/test_util.h"
 
 namespace cosmoflow {

@@ -100,6 +100,38 @@ TEST_F(ServerTest, PredictEqualsEngineForward) {
   }
 }
 
+// A model with batch_norm (running statistics moved off their initial values by training
+// forwards) serves the engine's numbers: the state tensors travel through the checkpoint.
+TEST_F(ServerTest, BatchNormModelServesTheEngineNumbers) {
+  ModelSpec spec = *BuiltinSpec("tiny32");
+  LayerSpec bn;
+  bn.type = LayerType::kBatchNorm;
+  spec.layers.insert(spec.layers.begin() + 5, bn);  // after conv1 + leaky
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  NetworkOptions o;
+  o.batch = 2;
+  o.training = true;
+  auto net = Network::Create(spec, o);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  std::vector<float> x(2 * kVoxels), y(6);
+  for (int step = 0; step < 3; ++step) {
+    auto counts = RandomCounts(40 + step, 2 * kVoxels);
+    ApplyInputTransform(spec.input_transform, counts.data(), 2 * kVoxels, kVoxels, x.data());
+    (*net)->Forward(x.data(), y.data());
+  }
+  Checkpoint ckpt;
+  ckpt.spec = spec;
+  ckpt.weights = (*net)->ExportParameters();
+  checkpoint_ = dir_ / "bn.h5";
+  ASSERT_TRUE(WriteCheckpoint(checkpoint_, ckpt).ok());
+  StartServer(Options());
+  auto counts = RandomCounts(50, kVoxels);
+  v1::PredictResponse resp;
+  grpc::Status s = Predict(MakeInt16Request(counts), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ExpectNear(Values(resp), EngineForward(checkpoint_, counts));
+}
+
 TEST_F(ServerTest, ChannelLastLayoutWithOneChannelMatches) {
   StartServer(Options());
   auto counts = RandomCounts(5, kVoxels);
