@@ -47,8 +47,8 @@ struct InferenceRequest {
 struct BatcherOptions {
   int max_batch = 4;
   // Negative = automatic: 10% of the model's batch-1 forward time (at most 100 ms), so waiting for
-  // company costs a lone request at most 10% latency (0.1 ms for a 32^3 test model, about 50 ms
-  // for SC18 at 128^3 on two cores, where 4 MiB requests take tens of ms to arrive).
+  // company costs a lone request at most 10% latency, and scales with the model: large cubes take
+  // long to arrive, and a small model must not wait as long as a large one.
   std::chrono::microseconds max_queue_delay{-1};
   int max_queue = 64;  // requests waiting (not counting the batch being computed)
   // When the queue delay has passed but requests are still being received and validated on gRPC
