@@ -281,6 +281,37 @@ double FirstBlockKernel::ConvFlops() const {
   return 2.0 * k_ * k_ * k_ * f_ * double(o_) * o_ * o_ * n_;
 }
 
+// Writes one pooled output row (q voxels x 16 filter lanes in pacc, sums over the pooling window)
+// scaled by inv into dst: planar (cs == 0) or channels-last with channel stride cs, fp32 or bf16.
+// sample_voxel0: the row's sample's first voxel index (ni * q^3); plane0: its first planar element
+// (ni * f * q^3).
+static inline void StorePooledRow(const float* pacc, float inv, int q, int f, int cs, bool bf16, LaneMask smask,
+                           int64_t out_base, int64_t sample_voxel0, int64_t plane0, void* dst) {
+  const int64_t q3 = int64_t{q} * q * q;
+  for (int qw = 0; qw < q; ++qw) {
+    const V16 v = Mul(Load(pacc + qw * kLanes), Set1(inv));
+    // Unused filter lanes hold exact zeros (zero weights and bias), as the padded
+    // nCdhw16c layout requires.
+    if (cs == 0) {  // planar NCDHW: scatter the filter lanes into their planes
+      alignas(64) float tmp[kLanes];
+      Store(tmp, v);
+      const int64_t voxel = out_base - sample_voxel0 + qw;
+      for (int fi = 0; fi < f; ++fi) {
+        const int64_t at = plane0 + int64_t{fi} * q3 + voxel;
+        if (bf16) {
+          static_cast<uint16_t*>(dst)[at] = nn_internal::F32ToBf16(tmp[fi]);
+        } else {
+          static_cast<float*>(dst)[at] = tmp[fi];
+        }
+      }
+    } else if (bf16) {
+      StoreBf16First(static_cast<uint16_t*>(dst) + (out_base + qw) * cs, v, smask);
+    } else {
+      StoreFirst(static_cast<float*>(dst) + (out_base + qw) * cs, v, smask);
+    }
+  }
+}
+
 void FirstBlockKernel::Forward(const float* src, const float* weights, const float* bias, void* dst) {
   const int taps = k_ * k_ * k_;
   // Tap-major, filter-lane weights (zero in unused lanes), refreshed from the master every call.
@@ -347,28 +378,7 @@ void FirstBlockKernel::Forward(const float* src, const float* weights, const flo
         }
       }
       const int64_t out_base = ((int64_t{ni} * q + qd) * q + qh) * q;
-      for (int qw = 0; qw < q; ++qw) {
-        const V16 v = Mul(Load(pacc + qw * kLanes), Set1(inv));
-        // Unused filter lanes hold exact zeros (zero weights and bias), as the padded
-        // nCdhw16c layout requires.
-        if (cs == 0) {  // planar NCDHW: scatter the filter lanes into their planes
-          alignas(64) float tmp[kLanes];
-          Store(tmp, v);
-          const int64_t voxel = out_base - int64_t{ni} * q3 + qw;
-          for (int fi = 0; fi < f; ++fi) {
-            const int64_t at = (int64_t{ni} * f + fi) * q3 + voxel;
-            if (bf16) {
-              static_cast<uint16_t*>(dst)[at] = nn_internal::F32ToBf16(tmp[fi]);
-            } else {
-              static_cast<float*>(dst)[at] = tmp[fi];
-            }
-          }
-        } else if (bf16) {
-          StoreBf16First(static_cast<uint16_t*>(dst) + (out_base + qw) * cs, v, smask);
-        } else {
-          StoreFirst(static_cast<float*>(dst) + (out_base + qw) * cs, v, smask);
-        }
-      }
+      StorePooledRow(pacc, inv, q, f, cs, bf16, smask, out_base, int64_t{ni} * q3, int64_t{ni} * f * q3, dst);
     }
   }
 }
