@@ -1035,7 +1035,7 @@ Status NetworkImpl::Build(const ModelSpec& spec, const NetworkOptions& options) 
     return FailedPreconditionError("network: bf16 needs a CPU with AVX512-BF16 or AMX");
   }
   const int64_t n = options.batch, c0 = spec.input_channels, side = spec.input_side;
-  outputs_ = static_cast<int>(spec.outputs.size());
+  outputs_ = [&] { int u = 0; for (const auto& l : spec.layers) if (l.type == LayerType::kDense) u = l.units; return u; }();
 
   size_t li = 0;
   int conv_count = 0, dense_count = 0, pool_count = 0, act_count = 0, drop_count = 0;
