@@ -99,14 +99,23 @@ StatusOr<TrainResult> TrainSingleProcess(const ModelSpec& spec, const Dataset& d
   CF_ASSIGN_OR_RETURN(std::unique_ptr<BatchLoader> loader,
                       BatchLoader::Create(&dataset, spec, config.batch, config.shuffle, config.seed));
   const int64_t in = int64_t{spec.input_channels} * spec.input_side * spec.input_side * spec.input_side;
-  const int64_t p = static_cast<int64_t>(spec.outputs.size());
-  std::vector<float> x(in * config.batch), labels(p * config.batch), y(p * config.batch), diff(p * config.batch);
+  const int64_t p = static_cast<int64_t>(spec.outputs.size()), w = spec.NetworkOutputs();
+  std::vector<float> x(in * config.batch), labels(p * config.batch), y(w * config.batch), diff(w * config.batch);
   TrainResult result;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < config.steps; ++step) {
     CF_RETURN_IF_ERROR(loader->Next(x.data(), labels.data()));
     net->Forward(x.data(), y.data());
-    const double loss = ComputeLoss(config.loss, y.data(), labels.data(), p * config.batch, diff.data());
+    const int pi = static_cast<int>(p);
+    double loss;
+    if (spec.uncertainty == UncertaintyHead::kNone) {
+      loss = ComputeLoss(config.loss, y.data(), labels.data(), p * config.batch, diff.data());
+    } else if (step < config.mse_warmup_steps) {
+      loss = MeanSquaredErrorOfMeans(spec.uncertainty, pi, y.data(), labels.data(), config.batch, diff.data());
+    } else {
+      loss = GaussianNll(spec.uncertainty, pi, y.data(), labels.data(), config.batch, diff.data(),
+                         config.mean_gradient);
+    }
     if (!std::isfinite(loss)) {
       return AbortedError("train: loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
                           " (learning rate too high?)");
