@@ -244,7 +244,11 @@ std::string UncertaintyText(const v1::ModelInfo& info) {
     t += " (" + info.uncertainty_head() + " head" + (info.ensemble_members() > 1 ? "s)" : ")");
   if (info.calibration_size() > 0) {
     t += ", sigma calibrated x";
-    for (int i = 0; i < info.calibration_size(); ++i) t += (i ? " / " : "") + Format(info.calibration(i));
+    char f[32];
+    for (int i = 0; i < info.calibration_size(); ++i) {
+      std::snprintf(f, sizeof(f), "%.3g", info.calibration(i));
+      t += (i ? " / " : "") + std::string(f);
+    }
     t += " on " + std::to_string(info.calibration_samples()) + " validation cubes";
   }
   return t;
