@@ -29,8 +29,8 @@ done
 
 # Embedded defaults: the accuracy study's setting (docs/accuracy.md), shortened. 32^3 voxels of
 # 8 Mpc/h at four redshifts (channels, as in the MLPerf data: their growth carries Omega_M), the
-# 4-channel study32x4 network, about 1000 steps; --small is the same pipeline, shrunk for CI.
-side=32; voxel=8; redshifts=0,0.5,1.5,3; spec="$here/tools/specs/study32x4.json"
+# 4-channel study32x4-log1p network, about 1000 steps; --small is the same pipeline, shrunk for CI.
+side=32; voxel=8; redshifts=0,0.5,1.5,3; spec="$here/tools/specs/study32x4-log1p.json"
 n_train=2048; n_val=256; n_test=6; epochs=8; batch=8; lr=0.001
 if [ "$small" = 1 ]; then n_train=64; n_val=16; n_test=3; epochs=2; fi
 

@@ -4,8 +4,9 @@
 # stream), fit the P(k) baseline, and write the table and predicted-vs-true plots.
 #
 # Usage: tools/accuracy_study.sh [OUT_DIR]   (default ./accuracy-out; needs a build in ./build)
-# Scale is set by environment variables (defaults = the run reported in docs/accuracy.md):
-#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 DISPLACEMENT=2lpt PARTICLES=2 SPEC=tools/specs/study32x4o.json
+# Scale is set by environment variables (defaults = the default study of docs/accuracy.md):
+#   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 DISPLACEMENT=2lpt PARTICLES=2
+#   SPEC=tools/specs/study32x4-overdensity-ns-light.json
 #   N_TRAIN=8192 N_VAL=512 N_TEST=1024 EPOCHS=30 BATCH=8 LR=0.001 PRECISION=auto SYNTH_ARGS=""
 #   SYMMETRIES=48 MEMBERS=1 SEED=1 MSE_WARMUP_EPOCHS=0 MEAN_GRADIENT=nll
 # Uncertainties: a SPEC with an uncertainty head (tools/specs/study32x4o_full.json) and/or MEMBERS=K
@@ -16,16 +17,13 @@
 # four redshifts of the same initial field as in the MLPerf data (their growth carries Omega_M),
 # PARTICLES^3 = 8 particles per voxel (one per voxel leaves the field dominated by shot noise).
 # PRECISION=auto is bf16 where the CPU has AVX512-BF16 or AMX, else fp32.
-# Time on 2 cores: ~48 min in fp32 on an AVX2-only Zen 3 (11-12 generating, 32 training, 4 serving
-#   and fitting the baseline). The earlier, larger study: SPEC=tools/specs/study32x4w.json
-#   N_TRAIN=16384 EPOCHS=60 (42 min in bf16 on a Zen 5, ~2.5 h in fp32 on the Zen 3).
-# The earlier particle-mesh study: DISPLACEMENT=pm PARTICLES=1 SPEC=tools/specs/study32x4.json
-#   N_TRAIN=16384 EPOCHS=30 PRECISION=fp32 (docs/accuracy.md).
+# The other named studies of docs/accuracy.md set SPEC, N_TRAIN, EPOCHS (and, for the
+# particle-mesh study, DISPLACEMENT=pm PARTICLES=1); run times are in docs/benchmarks.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$here/accuracy-out}")
 build=${BUILD_DIR:-$here/build}
-SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4o.json}
+SIDE=${SIDE:-32}; VOXEL=${VOXEL:-8}; REDSHIFTS=${REDSHIFTS:-0,0.5,1.5,3}; SPEC=${SPEC:-$here/tools/specs/study32x4-overdensity-ns-light.json}
 DISPLACEMENT=${DISPLACEMENT:-2lpt}; PARTICLES=${PARTICLES:-2}
 N_TRAIN=${N_TRAIN:-8192}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
 EPOCHS=${EPOCHS:-30}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-auto}; SYNTH_ARGS=${SYNTH_ARGS:-}

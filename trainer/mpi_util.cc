@@ -48,6 +48,10 @@ void AllreduceSum(std::vector<double>& values, MPI_Comm comm) {
                 comm);
 }
 
+std::function<void(double* data, int n)> BatchStatisticsAllreduce(MPI_Comm comm) {
+  return [comm](double* data, int n) { MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_DOUBLE, MPI_SUM, comm); };
+}
+
 bool SameOnAllRanks(uint32_t checksum, MPI_Comm comm) {
   unsigned long long v[2] = {checksum, ~static_cast<unsigned long long>(checksum)};
   unsigned long long r[2] = {0, 0};

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ bool AnyRankTrue(bool flag, MPI_Comm comm);
 
 // Sums `values` element-wise over the ranks, in place (blocking).
 void AllreduceSum(std::vector<double>& values, MPI_Comm comm);
+
+// NetworkOptions::allreduce_sum for batch_norm's statistics: a blocking MPI_Allreduce (sum, in
+// place) on `comm`, called by the training thread inside Forward/Backward. Every rank calls it in
+// the same order (same network, same step), so the collectives match.
+std::function<void(double* data, int n)> BatchStatisticsAllreduce(MPI_Comm comm);
 
 // True iff `checksum` is identical on every rank (weights stay in sync: the debug-mode check).
 bool SameOnAllRanks(uint32_t checksum, MPI_Comm comm);

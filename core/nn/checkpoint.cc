@@ -195,13 +195,13 @@ StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
     if (!calibration.ok()) return calibration.status().WithContext(path);
     ck.calibration = std::move(*calibration);
   }
-  // The weights must be exactly the ones the spec needs.
+  // The weights must be exactly the ones the spec needs (trainable and state tensors).
   int64_t n = 0;
   for (const auto& t : ck.weights) n += t.numel();
-  if (n != ck.spec.NumParameters())
+  const int64_t want = ck.spec.NumParameters() + ck.spec.NumStateValues();
+  if (n != want)
     return FailedPreconditionError(path + ": weights hold " + std::to_string(n) + " values but spec '" +
-                                   ck.spec.name + "' has " + std::to_string(ck.spec.NumParameters()) +
-                                   " parameters");
+                                   ck.spec.name + "' has " + std::to_string(want) + " parameters");
   return ck;
 }
 

@@ -10,10 +10,14 @@
 //   ParametersUpdated(). Gradients are fp32 in the same plain layout as the parameters.
 // - The gradient of the input cube is never computed.
 // - Not thread-safe: one thread drives one Network. oneDNN uses OpenMP threads internally.
+// - Built from the layer table (core/nn/layer_table.h): one op per layer (core/nn/ops/), a conv or
+//   dense followed by a leaky ReLU fused into one op, and a 1-channel first block (conv + leaky
+//   ReLU + average pool) fused into one kernel where the CPU supports it.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,11 +35,42 @@ StatusOr<Precision> ParsePrecision(const std::string& name);  // "fp32" | "bf16"
 // network fails with FAILED_PRECONDITION rather than falling back to oneDNN's reference loops.
 bool Bf16Supported();
 
+// Kernel choices forced by the caller, by key; an absent key or "auto" leaves the choice to the
+// rule. Keys and values (docs/engine.md has the candidates' rules):
+//   "conv.fwd"          onednn
+//   "conv.bwd_data"     transposed | onednn
+//   "conv.bwd_weights"  channels_last_wgrad | first_conv_wgrad | onednn
+//   "conv.layout"       channels_last | no_channels_last
+//   "first_block"       fused | onednn
+// "convN.<pass>" (N a conv's index, e.g. "conv1.bwd_data") applies to one conv and wins over
+// "conv.<pass>". A forced candidate that does not support a conv's problem (ISA, layout,
+// precision, shape) leaves that conv to the rule; ChosenKernels() says what runs.
+using KernelOptions = std::map<std::string, std::string>;
+// Checks keys and values; the error names the first bad entry.
+Status ValidateKernelOptions(const KernelOptions& kernels);
+// The one environment override of kernel choices: COSMOFLOW_KERNELS="key=value,key=value" (same
+// keys and values). Network::Create applies it over NetworkOptions::kernels; a malformed value is
+// an error of Create.
+StatusOr<KernelOptions> KernelOptionsFromEnvironment();
+
 struct NetworkOptions {
   int batch = 1;
   Precision precision = Precision::kFp32;
   bool training = false;      // false: inference only (no backward buffers, dropout off)
   uint64_t seed = 0;          // parameter init and dropout masks
+  KernelOptions kernels;
+  // Sums `n` doubles in place over every replica of this network (data-parallel ranks), for the
+  // batch statistics of batch_norm layers; the trainer passes an MPI allreduce. Empty: this process
+  // is the only replica.
+  std::function<void(double* data, int n)> allreduce_sum;
+};
+
+// Which kernel runs one pass of one op.
+struct KernelChoice {
+  std::string op;      // "conv1+leaky", "avg_pool0", ...
+  std::string pass;    // "fwd", "bwd_data", "bwd_weights", "bwd"
+  std::string kernel;  // the candidate: "onednn", "transposed", "channels_last_wgrad", "fused", ...
+  std::string impl;    // what it runs: oneDNN's implementation name, or our kernel and its ISA
 };
 
 // A view of one trainable tensor owned by the network.
@@ -61,14 +96,19 @@ class Network {
 
   // Trainable tensors in a fixed order (the order of layers, weights before bias).
   virtual std::vector<Parameter>& parameters() = 0;
+  // The kernel of every pass of every op, in op order (also in ProfileReport()).
+  virtual std::vector<KernelChoice> ChosenKernels() const = 0;
   // Must be called after anything writes parameter values (optimizer step, load, allreduce of
   // weights) so that reordered / bf16 working copies are refreshed.
   virtual void ParametersUpdated() = 0;
 
-  // Deterministic initialisation from `seed` (He-uniform for conv/dense with leaky ReLU, zero bias).
+  // Deterministic initialisation from `seed` by each tensor's rule in the layer table (He-uniform
+  // for conv/dense weights, zero biases, batch norm's gamma and running variance one).
   virtual void InitParameters(uint64_t seed) = 0;
-  // Copies weights by name and shape; errors name the first missing or mismatched tensor.
+  // Copies every tensor by name and shape, the trainable parameters and the state tensors (batch
+  // norm's running statistics); errors name the first missing or mismatched tensor.
   virtual Status LoadParameters(const std::vector<NamedTensor>& tensors) = 0;
+  // Trainable parameters in parameters() order, then the state tensors.
   virtual std::vector<NamedTensor> ExportParameters() const = 0;
 
   // src: batch x C x side^3 floats; dst: batch x P floats. Dropout is active only in training mode.

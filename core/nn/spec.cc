@@ -1,5 +1,7 @@
 #include "core/nn/spec.h"
 
+#include "core/nn/layer_table.h"
+
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -8,38 +10,7 @@
 namespace cosmoflow {
 using nlohmann::json;
 
-const char* LayerTypeName(LayerType t) {
-  switch (t) {
-    case LayerType::kConv3d: return "conv3d";
-    case LayerType::kAvgPool: return "avg_pool";
-    case LayerType::kMaxPool: return "max_pool";
-    case LayerType::kLeakyRelu: return "leaky_relu";
-    case LayerType::kDropout: return "dropout";
-    case LayerType::kFlatten: return "flatten";
-    case LayerType::kDense: return "dense";
-    case LayerType::kScaledTanh: return "scaled_tanh";
-  }
-  return "?";
-}
-
-namespace {
-
-bool ParseLayerType(const std::string& s, LayerType* t) {
-  static const std::pair<const char*, LayerType> kTable[] = {
-      {"conv3d", LayerType::kConv3d},         {"avg_pool", LayerType::kAvgPool},
-      {"max_pool", LayerType::kMaxPool},      {"leaky_relu", LayerType::kLeakyRelu},
-      {"dropout", LayerType::kDropout},       {"flatten", LayerType::kFlatten},
-      {"dense", LayerType::kDense},           {"scaled_tanh", LayerType::kScaledTanh}};
-  for (const auto& [name, type] : kTable) {
-    if (s == name) {
-      *t = type;
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
+const char* LayerTypeName(LayerType t) { return nn_internal::RowOf(t).json_name; }
 
 const char* InputTransformName(InputTransform t) {
   switch (t) {
@@ -90,49 +61,12 @@ std::string HeadLayout(UncertaintyHead h, int p) {
   }
   return n + " means";
 }
+using nn_internal::ActShape;
+using nn_internal::RowOf;
 
 std::string LayerLabel(size_t i, LayerType t) {
   return "layer " + std::to_string(i) + " (" + LayerTypeName(t) + ")";
 }
-
-// Shape walk shared by Validate, NumParameters and ForwardFlops. `spatial` < 0 after flatten.
-int ConvOutSide(int in, int kernel, int stride, bool same) {
-  return static_cast<int>(ConvGeometryFor(in, kernel, stride, same).out);
-}
-
-// The activation shape as a walk over the layers goes: the one place that knows how each layer
-// type changes it (validation, parameter count and FLOPs all walk with it).
-struct ShapeWalk {
-  int64_t channels = 0;
-  int64_t side = 0;
-  bool flat = false;
-  int64_t features() const { return flat ? channels : channels * side * side * side; }
-  // The shape after layer `l` (assumed valid for this shape).
-  void Advance(const LayerSpec& l) {
-    switch (l.type) {
-      case LayerType::kConv3d:
-        channels = l.filters;
-        side = ConvOutSide(static_cast<int>(side), l.kernel, l.stride, l.same_padding);
-        break;
-      case LayerType::kAvgPool:
-      case LayerType::kMaxPool:
-        if (l.size > 0) side /= l.size;
-        break;
-      case LayerType::kFlatten:
-        channels = features();
-        side = 1;
-        flat = true;
-        break;
-      case LayerType::kDense:
-        channels = l.units;
-        side = 1;
-        flat = true;
-        break;
-      default:
-        break;  // element-wise layers keep the shape
-    }
-  }
-};
 
 }  // namespace
 
@@ -169,60 +103,26 @@ Status ModelSpec::Validate() const {
     }
   }
   if (layers.empty()) return InvalidArgumentError("spec '" + name + "': no layers");
-  ShapeWalk s{input_channels, input_side, false};
-  int last_dense_units = -1;
+  ActShape s{input_channels, input_side, false};
+  bool has_dense = false;
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerSpec& l = layers[i];
     auto bad = [&](const std::string& why) {
       return InvalidArgumentError("spec '" + name + "': " + LayerLabel(i, l.type) + ": " + why);
     };
-    switch (l.type) {
-      case LayerType::kConv3d: {
-        if (s.flat) return bad("conv3d after flatten");
-        if (l.filters <= 0) return bad("filters must be positive, got " + std::to_string(l.filters));
-        if (l.kernel <= 0) return bad("kernel must be positive, got " + std::to_string(l.kernel));
-        if (l.stride <= 0) return bad("stride must be positive, got " + std::to_string(l.stride));
-        if (!l.same_padding && l.kernel > s.side) {
-          return bad("kernel " + std::to_string(l.kernel) + " larger than input side " + std::to_string(s.side));
-        }
-        if (ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding) <= 0) {
-          return bad("output side is zero");
-        }
-        break;
-      }
-      case LayerType::kAvgPool:
-      case LayerType::kMaxPool:
-        if (s.flat) return bad("pooling after flatten");
-        if (l.size <= 0) return bad("size must be positive, got " + std::to_string(l.size));
-        if (l.size > s.side) {
-          return bad("window " + std::to_string(l.size) + " larger than input side " + std::to_string(s.side));
-        }
-        break;
-      case LayerType::kLeakyRelu:
-        if (!(l.alpha >= 0.f && l.alpha < 1.f)) return bad("alpha must be in [0, 1)");
-        break;
-      case LayerType::kDropout:
-        if (!(l.rate >= 0.f && l.rate < 1.f)) return bad("rate must be in [0, 1)");
-        break;
-      case LayerType::kFlatten:
-        if (s.flat) return bad("flatten twice");
-        break;
-      case LayerType::kDense:
-        if (!s.flat) return bad("dense before flatten");
-        if (l.units <= 0) return bad("units must be positive, got " + std::to_string(l.units));
-        last_dense_units = l.units;
-        break;
-      case LayerType::kScaledTanh:
-        if (i + 1 != layers.size()) return bad("scaled_tanh must be the last layer");
-        if (!(l.scale > 0.f) || !std::isfinite(l.scale)) return bad("scale must be positive");
-        break;
+    if (static_cast<int>(l.type) < 0 || static_cast<int>(l.type) >= kNumLayerTypes) {
+      return InvalidArgumentError("spec '" + name + "': layer " + std::to_string(i) + " has an unknown type");
     }
-    s.Advance(l);
+    const nn_internal::LayerRow& row = RowOf(l.type);
+    if (std::string why = row.validate(l, s); !why.empty()) return bad(why);
+    if (l.type == LayerType::kScaledTanh && i + 1 != layers.size()) return bad("scaled_tanh must be the last layer");
+    has_dense = has_dense || l.type == LayerType::kDense;
+    s = row.shape(l, s);
     if (s.features() > (int64_t{1} << 31)) return bad("activation too large");
   }
   if (!s.flat) return InvalidArgumentError("spec '" + name + "': the network must end with flatten + dense");
   // ---- uncertainty head: the last dense layer must be as wide as the head needs ----
-  if (last_dense_units < 0 || s.channels != NetworkOutputs()) {
+  if (!has_dense || s.channels != NetworkOutputs()) {
     if (uncertainty == UncertaintyHead::kNone) {
       return InvalidArgumentError("spec '" + name + "': the last dense layer has " + std::to_string(s.channels) +
                                   " units but the spec names " + std::to_string(outputs.size()) + " outputs");
@@ -246,31 +146,34 @@ Status ModelSpec::Validate() const {
   return Status::Ok();
 }
 
-int64_t ModelSpec::NumParameters() const {
-  ShapeWalk s{input_channels, input_side, false};
+namespace {
+
+int64_t CountValues(const ModelSpec& spec, bool trainable) {
+  ActShape s{spec.input_channels, spec.input_side, false};
   int64_t n = 0;
-  for (const LayerSpec& l : layers) {
-    if (l.type == LayerType::kConv3d) {
-      n += int64_t{l.filters} * s.channels * l.kernel * l.kernel * l.kernel + l.filters;
-    } else if (l.type == LayerType::kDense) {
-      n += s.features() * l.units + l.units;
+  for (const LayerSpec& l : spec.layers) {
+    for (const auto& rule : RowOf(l.type).params(l, s)) {
+      if (rule.trainable != trainable) continue;
+      int64_t numel = 1;
+      for (int64_t d : rule.shape) numel *= d;
+      n += numel;
     }
-    s.Advance(l);
+    s = RowOf(l.type).shape(l, s);
   }
   return n;
 }
 
+}  // namespace
+
+int64_t ModelSpec::NumParameters() const { return CountValues(*this, true); }
+int64_t ModelSpec::NumStateValues() const { return CountValues(*this, false); }
+
 double ModelSpec::ForwardFlops() const {
-  ShapeWalk s{input_channels, input_side, false};
+  ActShape s{input_channels, input_side, false};
   double f = 0;
   for (const LayerSpec& l : layers) {
-    if (l.type == LayerType::kConv3d) {
-      const double out = ConvOutSide(static_cast<int>(s.side), l.kernel, l.stride, l.same_padding);
-      f += 2.0 * l.kernel * l.kernel * l.kernel * s.channels * l.filters * out * out * out;
-    } else if (l.type == LayerType::kDense) {
-      f += 2.0 * s.features() * l.units;
-    }
-    s.Advance(l);
+    f += RowOf(l.type).flops(l, s);
+    s = RowOf(l.type).shape(l, s);
   }
   return f;
 }
@@ -292,25 +195,63 @@ std::string ModelSpec::ToJson() const {
   for (const auto& l : layers) {
     json lj;
     lj["type"] = LayerTypeName(l.type);
-    switch (l.type) {
-      case LayerType::kConv3d:
-        lj["filters"] = l.filters;
-        lj["kernel"] = l.kernel;
-        lj["stride"] = l.stride;
-        lj["padding"] = l.same_padding ? "same" : "valid";
-        break;
-      case LayerType::kAvgPool:
-      case LayerType::kMaxPool: lj["size"] = l.size; break;
-      case LayerType::kLeakyRelu: lj["alpha"] = l.alpha; break;
-      case LayerType::kDropout: lj["rate"] = l.rate; break;
-      case LayerType::kFlatten: break;
-      case LayerType::kDense: lj["units"] = l.units; break;
-      case LayerType::kScaledTanh: lj["scale"] = l.scale; break;
-    }
+    RowOf(l.type).to_json(l, &lj);
     j["layers"].push_back(lj);
   }
   return j.dump();
 }
+
+namespace {
+
+using nn_internal::FieldReader;
+
+StatusOr<InputTransform> ParseInputTransform(const std::string& name) {
+  for (InputTransform t : {InputTransform::kNone, InputTransform::kLog1p, InputTransform::kDivideByMean,
+                           InputTransform::kOverdensity}) {
+    if (name == InputTransformName(t)) return t;
+  }
+  return InvalidArgumentError("model spec: unknown input_transform '" + name +
+                              "' (expected none, log1p, divide_by_mean or overdensity)");
+}
+
+Status ParseOutputs(const json& j, std::vector<OutputSpec>* outputs) {
+  auto outs = j.find("outputs");
+  if (outs == j.end() || !outs->is_array()) return InvalidArgumentError("model spec: 'outputs' must be an array");
+  for (size_t i = 0; i < outs->size(); ++i) {
+    const json& o = (*outs)[i];
+    const std::string where = "model spec: output " + std::to_string(i);
+    if (!o.is_object()) return InvalidArgumentError(where + ": must be an object");
+    const FieldReader f(o, where);
+    OutputSpec out;
+    CF_RETURN_IF_ERROR(f.String("name", &out.name, true));
+    CF_RETURN_IF_ERROR(f.String("unit", &out.unit, false));
+    CF_RETURN_IF_ERROR(f.Float("offset", &out.offset, false));
+    CF_RETURN_IF_ERROR(f.Float("scale", &out.scale, false));
+    outputs->push_back(out);
+  }
+  return Status::Ok();
+}
+
+Status ParseLayers(const json& j, std::vector<LayerSpec>* layers) {
+  auto ls = j.find("layers");
+  if (ls == j.end() || !ls->is_array()) return InvalidArgumentError("model spec: 'layers' must be an array");
+  for (size_t i = 0; i < ls->size(); ++i) {
+    const json& lj = (*ls)[i];
+    const std::string where = "model spec: layer " + std::to_string(i);
+    if (!lj.is_object()) return InvalidArgumentError(where + ": must be an object");
+    std::string type;
+    CF_RETURN_IF_ERROR(FieldReader(lj, where).String("type", &type, true));
+    const nn_internal::LayerRow* row = nn_internal::RowByJsonName(type);
+    if (row == nullptr) return InvalidArgumentError(where + ": unknown layer type '" + type + "'");
+    LayerSpec l;
+    l.type = row->type;
+    CF_RETURN_IF_ERROR(row->parse(FieldReader(lj, where + " (" + type + ")"), &l));
+    layers->push_back(l);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 StatusOr<ModelSpec> ModelSpec::FromJson(const std::string& text) {
   json j;
@@ -321,120 +262,28 @@ StatusOr<ModelSpec> ModelSpec::FromJson(const std::string& text) {
   }
   if (!j.is_object()) return InvalidArgumentError("model spec: top level must be a JSON object");
   ModelSpec s;
-  // Typed field readers that name the field on error.
-  auto get_int = [](const json& o, const char* key, const std::string& where, int* out,
-                    bool required) -> Status {
-    auto it = o.find(key);
-    if (it == o.end()) {
-      return required ? InvalidArgumentError(where + ": missing field '" + key + "'") : Status::Ok();
-    }
-    if (!it->is_number_integer()) return InvalidArgumentError(where + ": field '" + key + "' must be an integer");
-    int64_t v = it->get<int64_t>();
-    if (v < -(int64_t{1} << 30) || v > (int64_t{1} << 30)) {
-      return InvalidArgumentError(where + ": field '" + key + "' out of range");
-    }
-    *out = static_cast<int>(v);
-    return Status::Ok();
-  };
-  auto get_float = [](const json& o, const char* key, const std::string& where, float* out,
-                      bool required) -> Status {
-    auto it = o.find(key);
-    if (it == o.end()) {
-      return required ? InvalidArgumentError(where + ": missing field '" + key + "'") : Status::Ok();
-    }
-    if (!it->is_number()) return InvalidArgumentError(where + ": field '" + key + "' must be a number");
-    *out = it->get<float>();
-    return Status::Ok();
-  };
-  auto get_string = [](const json& o, const char* key, const std::string& where, std::string* out,
-                       bool required) -> Status {
-    auto it = o.find(key);
-    if (it == o.end()) {
-      return required ? InvalidArgumentError(where + ": missing field '" + key + "'") : Status::Ok();
-    }
-    if (!it->is_string()) return InvalidArgumentError(where + ": field '" + key + "' must be a string");
-    *out = it->get<std::string>();
-    return Status::Ok();
-  };
-
-  const std::string top = "model spec";
-  CF_RETURN_IF_ERROR(get_string(j, "name", top, &s.name, false));
-  CF_RETURN_IF_ERROR(get_int(j, "input_channels", top, &s.input_channels, true));
-  CF_RETURN_IF_ERROR(get_int(j, "input_side", top, &s.input_side, true));
+  const FieldReader top(j, "model spec");
+  CF_RETURN_IF_ERROR(top.String("name", &s.name, false));
+  CF_RETURN_IF_ERROR(top.Int("input_channels", &s.input_channels, true));
+  CF_RETURN_IF_ERROR(top.Int("input_side", &s.input_side, true));
   std::string transform = "log1p";
-  CF_RETURN_IF_ERROR(get_string(j, "input_transform", top, &transform, false));
-  if (transform == "none") {
-    s.input_transform = InputTransform::kNone;
-  } else if (transform == "log1p") {
-    s.input_transform = InputTransform::kLog1p;
-  } else if (transform == "divide_by_mean") {
-    s.input_transform = InputTransform::kDivideByMean;
-  } else if (transform == "overdensity") {
-    s.input_transform = InputTransform::kOverdensity;
-  } else {
-    return InvalidArgumentError("model spec: unknown input_transform '" + transform +
-                                "' (expected none, log1p, divide_by_mean or overdensity)");
-  }
+  CF_RETURN_IF_ERROR(top.String("input_transform", &transform, false));
+  CF_ASSIGN_OR_RETURN(s.input_transform, ParseInputTransform(transform));
   // ---- uncertainty head ----
   std::string uncertainty = "none";
-  CF_RETURN_IF_ERROR(get_string(j, "uncertainty", top, &uncertainty, false));
+  CF_RETURN_IF_ERROR(top.String("uncertainty", &uncertainty, false));
   auto head = ParseUncertaintyHead(uncertainty);
   if (!head.ok()) return head.status().WithContext("model spec: field 'uncertainty'");
   s.uncertainty = *head;
   // ---- end uncertainty head ----
-  auto outs = j.find("outputs");
-  if (outs == j.end() || !outs->is_array()) return InvalidArgumentError("model spec: 'outputs' must be an array");
-  for (size_t i = 0; i < outs->size(); ++i) {
-    const json& o = (*outs)[i];
-    std::string where = "model spec: output " + std::to_string(i);
-    if (!o.is_object()) return InvalidArgumentError(where + ": must be an object");
-    OutputSpec out;
-    CF_RETURN_IF_ERROR(get_string(o, "name", where, &out.name, true));
-    CF_RETURN_IF_ERROR(get_string(o, "unit", where, &out.unit, false));
-    CF_RETURN_IF_ERROR(get_float(o, "offset", where, &out.offset, false));
-    CF_RETURN_IF_ERROR(get_float(o, "scale", where, &out.scale, false));
-    s.outputs.push_back(out);
-  }
-  auto layers = j.find("layers");
-  if (layers == j.end() || !layers->is_array()) return InvalidArgumentError("model spec: 'layers' must be an array");
-  for (size_t i = 0; i < layers->size(); ++i) {
-    const json& lj = (*layers)[i];
-    std::string where = "model spec: layer " + std::to_string(i);
-    if (!lj.is_object()) return InvalidArgumentError(where + ": must be an object");
-    std::string type;
-    CF_RETURN_IF_ERROR(get_string(lj, "type", where, &type, true));
-    LayerSpec l;
-    if (!ParseLayerType(type, &l.type)) return InvalidArgumentError(where + ": unknown layer type '" + type + "'");
-    where += " (" + type + ")";
-    switch (l.type) {
-      case LayerType::kConv3d: {
-        CF_RETURN_IF_ERROR(get_int(lj, "filters", where, &l.filters, true));
-        CF_RETURN_IF_ERROR(get_int(lj, "kernel", where, &l.kernel, true));
-        CF_RETURN_IF_ERROR(get_int(lj, "stride", where, &l.stride, false));
-        std::string pad = "valid";
-        CF_RETURN_IF_ERROR(get_string(lj, "padding", where, &pad, false));
-        if (pad != "valid" && pad != "same") {
-          return InvalidArgumentError(where + ": padding must be 'valid' or 'same', got '" + pad + "'");
-        }
-        l.same_padding = pad == "same";
-        break;
-      }
-      case LayerType::kAvgPool:
-      case LayerType::kMaxPool: CF_RETURN_IF_ERROR(get_int(lj, "size", where, &l.size, true)); break;
-      case LayerType::kLeakyRelu: CF_RETURN_IF_ERROR(get_float(lj, "alpha", where, &l.alpha, true)); break;
-      case LayerType::kDropout: CF_RETURN_IF_ERROR(get_float(lj, "rate", where, &l.rate, true)); break;
-      case LayerType::kFlatten: break;
-      case LayerType::kDense: CF_RETURN_IF_ERROR(get_int(lj, "units", where, &l.units, true)); break;
-      case LayerType::kScaledTanh: CF_RETURN_IF_ERROR(get_float(lj, "scale", where, &l.scale, true)); break;
-    }
-    s.layers.push_back(l);
-  }
+  CF_RETURN_IF_ERROR(ParseOutputs(j, &s.outputs));
+  CF_RETURN_IF_ERROR(ParseLayers(j, &s.layers));
   CF_RETURN_IF_ERROR(s.Validate());
   return s;
 }
 
 std::vector<OutputSpec> CosmoFlowOutputs(int num_params) {
-  // Ranges of the CosmoFlow parameter draws (DESIGN.md); H0 follows MLPerf's 70 * (1 +- 0.1).
+  // Ranges of the CosmoFlow parameter draws (the synthetic prior, docs/data.md); H0 follows MLPerf's 70 * (1 +- 0.1).
   std::vector<OutputSpec> all = {
       {"Omega_M", "", 0.30f, 0.05f},
       {"sigma_8", "", 0.865f, 0.085f},
@@ -624,8 +473,8 @@ void ApplyInputTransform(InputTransform t, const int16_t* counts, int64_t n, int
                          float* dst) {
   if (t == InputTransform::kLog1p) {
     // log1p of every int16 value, computed once (256 KiB, stays in L2): a scalar std::log1p per
-    // voxel cost 22 ms per 128^3 cube, the table 0.7 ms, next to a ~55 ms forward pass per cube on
-    // two cores. The server (per batch) and the trainer's loader both use it; same bits.
+    // voxel costs a sizeable fraction of a forward pass per cube, the table a few percent of that.
+    // The server (per batch) and the trainer's loader both use it; same bits.
     static const std::vector<float> table = [] {
       std::vector<float> v(65536);
       for (int i = -32768; i <= 32767; ++i) v[i + 32768] = std::log1p(static_cast<float>(i));

@@ -19,7 +19,7 @@
 // Label normalisation: the network regresses normalised labels n = (physical - offset) / scale;
 // the server maps its outputs back with physical = offset + scale * n. Both travel in the spec.
 // The training loss is taken on n, so scale is also each output's unit of error in the loss: a
-// larger scale weighs that output less (tools/specs/study32x4w.json gives n_s, which a small box
+// larger scale weighs that output less (tools/specs/study32x4-mean-ns-light.json gives n_s, which a small box
 // barely constrains, 4x its half-range so that its irreducible error does not dominate).
 //
 // Uncertainty head ("uncertainty", core/nn/uncertainty.h has the arithmetic): with P outputs the
@@ -40,7 +40,20 @@
 
 namespace cosmoflow {
 
-enum class LayerType { kConv3d, kAvgPool, kMaxPool, kLeakyRelu, kDropout, kFlatten, kDense, kScaledTanh };
+// Every layer type has one row in core/nn/layer_table.cc (JSON name and fields, validation, shape,
+// parameters, FLOPs, op factory); a static_assert there keeps the table and this enum in step.
+enum class LayerType {
+  kConv3d,
+  kAvgPool,
+  kMaxPool,
+  kLeakyRelu,
+  kDropout,
+  kFlatten,
+  kDense,
+  kScaledTanh,
+  kBatchNorm,
+};
+inline constexpr int kNumLayerTypes = 9;
 enum class InputTransform { kNone, kLog1p, kDivideByMean, kOverdensity };
 const char* LayerTypeName(LayerType t);             // "conv3d", "avg_pool", ... (the JSON names)
 const char* InputTransformName(InputTransform t);   // "none", "log1p", "divide_by_mean", "overdensity"
@@ -64,6 +77,10 @@ struct LayerSpec {
   float rate = 0.f;    // dropout
   int units = 0;       // dense
   float scale = 1.f;   // scaled_tanh
+  // batch_norm: running = (1 - momentum) * running + momentum * batch statistic (PyTorch's
+  // convention); y = gamma * (x - mean) / sqrt(var + epsilon) + beta, per channel.
+  float momentum = 0.1f;
+  float epsilon = 1e-5f;
 };
 
 // Output side and padding of a conv3d layer on a cube of side `in`. SAME follows TensorFlow:
@@ -98,7 +115,8 @@ struct ModelSpec {
 
   // Checks sizes and that every layer fits its input; the message names the layer (index, type).
   Status Validate() const;
-  int64_t NumParameters() const;
+  int64_t NumParameters() const;   // trainable values
+  int64_t NumStateValues() const;  // saved but not trained: batch norm's running statistics
   // Forward FLOPs per sample, a multiply-add counted as 2 (conv and dense only), as the peer counts.
   double ForwardFlops() const;
 

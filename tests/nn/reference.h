@@ -1,5 +1,7 @@
-// Naive double-precision reference of a ModelSpec's forward pass (inference semantics: dropout is
-// the identity), written as plain loops so that it shares nothing with the oneDNN network.
+// Naive double-precision reference of a ModelSpec's forward pass, written as plain loops so that it
+// shares nothing with the network. Dropout is the identity; batch_norm uses the running statistics
+// (inference) or, in ReferenceForwardBatch with batch_statistics, the batch's mean and biased
+// variance over all samples.
 #pragma once
 
 #include <cmath>
@@ -25,15 +27,15 @@ inline const NamedTensor& FindTensor(const std::vector<NamedTensor>& ts, const s
   throw std::runtime_error("reference: missing tensor " + name);
 }
 
-// One sample. params: the network's exported parameters (conv<i>.weights OIDHW, dense<i>.weights (out,in)).
-inline std::vector<double> ReferenceForward(const ModelSpec& spec, const std::vector<NamedTensor>& params,
-                                            const float* input) {
-  RefTensor x;
-  x.c = spec.input_channels;
-  x.side = spec.input_side;
-  x.v.assign(input, input + x.c * x.side * x.side * x.side);
-  int conv = 0, dense = 0;
-  for (const LayerSpec& l : spec.layers) {
+// Counters of the layers that own tensors (conv<i>, dense<i>, bn<i>), as the network names them.
+struct RefCounters {
+  int conv = 0, dense = 0, bn = 0;
+};
+
+// Applies one per-sample layer (every type but batch_norm) to x.
+inline void ReferenceLayer(const LayerSpec& l, const std::vector<NamedTensor>& params, RefCounters& n, RefTensor& x) {
+  int& conv = n.conv;
+  int& dense = n.dense;
     switch (l.type) {
       case LayerType::kConv3d: {
         const auto& w = FindTensor(params, "conv" + std::to_string(conv) + ".weights");
@@ -130,12 +132,77 @@ inline std::vector<double> ReferenceForward(const ModelSpec& spec, const std::ve
         x.c = l.units;
         break;
       }
+      case LayerType::kBatchNorm:
+        throw std::logic_error("reference: batch_norm is a batch layer");
       case LayerType::kScaledTanh:
         for (auto& v : x.v) v = l.scale * std::tanh(v);
         break;
     }
-  }
-  return x.v;
 }
+
+// batch_norm over the batch `xs` (channel c of every sample, all voxels).
+inline void ReferenceBatchNorm(const LayerSpec& l, const std::vector<NamedTensor>& params, RefCounters& n,
+                               bool batch_statistics, std::vector<RefTensor>& xs) {
+  const std::string name = "bn" + std::to_string(n.bn++);
+  const auto& gamma = FindTensor(params, name + ".gamma");
+  const auto& beta = FindTensor(params, name + ".beta");
+  const auto& rmean = FindTensor(params, name + ".running_mean");
+  const auto& rvar = FindTensor(params, name + ".running_var");
+  const int64_t c = xs[0].c, per = static_cast<int64_t>(xs[0].v.size()) / c;
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double mean = rmean.data[ch], var = rvar.data[ch];
+    if (batch_statistics) {
+      double s = 0, s2 = 0;
+      for (const auto& x : xs)
+        for (int64_t i = 0; i < per; ++i) s += x.v[ch * per + i];
+      mean = s / (per * double(xs.size()));
+      for (const auto& x : xs)
+        for (int64_t i = 0; i < per; ++i) s2 += (x.v[ch * per + i] - mean) * (x.v[ch * per + i] - mean);
+      var = s2 / (per * double(xs.size()));
+    }
+    const double inv = 1.0 / std::sqrt(var + l.epsilon);
+    for (auto& x : xs)
+      for (int64_t i = 0; i < per; ++i) {
+        double& v = x.v[ch * per + i];
+        v = gamma.data[ch] * (v - mean) * inv + beta.data[ch];
+      }
+  }
+}
+
+// Every sample of a batch (batch x C x side^3 inputs); outputs per sample.
+inline std::vector<std::vector<double>> ReferenceForwardBatch(const ModelSpec& spec,
+                                                              const std::vector<NamedTensor>& params,
+                                                              const float* input, int batch, bool batch_statistics) {
+  const int64_t in = int64_t{spec.input_channels} * spec.input_side * spec.input_side * spec.input_side;
+  std::vector<RefTensor> xs(batch);
+  for (int b = 0; b < batch; ++b) {
+    xs[b].c = spec.input_channels;
+    xs[b].side = spec.input_side;
+    xs[b].v.assign(input + b * in, input + (b + 1) * in);
+  }
+  RefCounters n;
+  for (const LayerSpec& l : spec.layers) {
+    if (l.type == LayerType::kBatchNorm) {
+      ReferenceBatchNorm(l, params, n, batch_statistics, xs);
+      continue;
+    }
+    RefCounters start = n;
+    for (auto& x : xs) {
+      n = start;
+      ReferenceLayer(l, params, n, x);
+    }
+  }
+  std::vector<std::vector<double>> out;
+  for (auto& x : xs) out.push_back(std::move(x.v));
+  return out;
+}
+
+// One sample. params: the network's exported tensors (conv<i>.weights OIDHW, dense<i>.weights
+// (out,in), bn<i>.gamma/beta/running_mean/running_var).
+inline std::vector<double> ReferenceForward(const ModelSpec& spec, const std::vector<NamedTensor>& params,
+                                            const float* input) {
+  return ReferenceForwardBatch(spec, params, input, 1, false)[0];
+}
+
 
 }  // namespace cosmoflow::testing

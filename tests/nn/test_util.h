@@ -85,16 +85,23 @@ inline int64_t InputSize(const ModelSpec& s) {
 }
 
 inline std::unique_ptr<Network> MakeNet(const ModelSpec& spec, int batch, bool training,
-                                        Precision precision = Precision::kFp32, uint64_t seed = 1) {
+                                        Precision precision = Precision::kFp32, uint64_t seed = 1,
+                                        KernelOptions kernels = {}) {
   NetworkOptions o;
   o.batch = batch;
   o.training = training;
   o.precision = precision;
   o.seed = seed;
+  o.kernels = std::move(kernels);
   auto r = Network::Create(spec, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   if (!r.ok()) return nullptr;
   return std::move(r).value();
+}
+
+// A training network of `spec` with the given kernel choices (NetworkOptions::kernels).
+inline std::unique_ptr<Network> MakeTrainingNet(const ModelSpec& spec, int batch, KernelOptions kernels) {
+  return MakeNet(spec, batch, true, Precision::kFp32, 1, std::move(kernels));
 }
 
 // bf16 tests run where the CPU has AVX512-BF16 or AMX. Elsewhere a bf16 network must be refused with
@@ -152,13 +159,13 @@ inline void ExpectForwardMatchesReference(const ModelSpec& spec, int batch, doub
 // Analytic gradients (network, fp32) against central differences of the double reference for
 // L = sum_b sum_p r[b,p] * out[b,p]. Up to `per_tensor` elements of every parameter are checked.
 inline void ExpectGradientsMatchFiniteDifferences(const ModelSpec& spec, int batch, int per_tensor = 24,
-                                                  double tol = 2e-3, uint64_t seed = 5) {
-  auto net = MakeNet(spec, batch, true);
+                                                  double tol = 2e-3, uint64_t seed = 5,
+                                                  const KernelOptions& kernels = {}) {
+  auto net = MakeTrainingNet(spec, batch, kernels);
   ASSERT_TRUE(net);
   RandomizeBiases(*net, seed);
-  const int64_t in = InputSize(spec);
   const int64_t p = static_cast<int64_t>(spec.outputs.size());
-  auto x = RandomVector(in * batch, seed + 1);
+  auto x = RandomVector(InputSize(spec) * batch, seed + 1);
   auto r = RandomVector(batch * p, seed + 2);
   std::vector<float> y(batch * p);
   net->Forward(x.data(), y.data());
@@ -169,16 +176,17 @@ inline void ExpectGradientsMatchFiniteDifferences(const ModelSpec& spec, int bat
   for (size_t i = 0; i < ready.size(); ++i) EXPECT_EQ(ready[i], static_cast<int>(ready.size() - 1 - i));
 
   auto params = net->ExportParameters();
+  // Training semantics: batch_norm normalises with the batch's statistics.
   auto loss = [&](const std::vector<NamedTensor>& ps) {
     double l = 0;
+    auto outs = ReferenceForwardBatch(spec, ps, x.data(), batch, true);
     for (int b = 0; b < batch; ++b) {
-      auto out = ReferenceForward(spec, ps, x.data() + b * in);
-      for (int64_t i = 0; i < p; ++i) l += double(r[b * p + i]) * out[i];
+      for (int64_t i = 0; i < p; ++i) l += double(r[b * p + i]) * outs[b][i];
     }
     return l;
   };
   std::mt19937_64 rng(seed + 3);
-  for (size_t ti = 0; ti < params.size(); ++ti) {
+  for (size_t ti = 0; ti < net->parameters().size(); ++ti) {
     const Parameter& par = net->parameters()[ti];
     ASSERT_EQ(par.name, params[ti].name);
     const int64_t n = par.numel();
@@ -214,56 +222,33 @@ inline void ExpectGradientsMatchFiniteDifferences(const ModelSpec& spec, int bat
   }
 }
 
-// Scoped environment variable (restores the old value).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value, 1);
+// How many passes of the network's ops named `op_prefix`* run `kernel` for `pass` ("" = any pass).
+inline size_t CountKernel(const Network& net, const std::string& pass, const std::string& kernel,
+                          const std::string& op_prefix = "conv") {
+  size_t n = 0;
+  for (const auto& k : net.ChosenKernels()) {
+    n += k.op.rfind(op_prefix, 0) == 0 && (pass.empty() || k.pass == pass) && k.kernel == kernel ? 1 : 0;
   }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_.c_str(), old_.c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
-
-// A training network built while environment variable `name` is `value` (the switches between
-// equivalent code paths, e.g. COSMOFLOW_CHANNELS_LAST, are read when the network is built).
-inline std::unique_ptr<Network> MakeTrainingNetWithEnv(const ModelSpec& spec, int batch, const char* name,
-                                                       const char* value) {
-  ScopedEnv env(name, value);
-  return MakeNet(spec, batch, true);
+  return n;
 }
 
-// Two training networks of `spec`, built with environment variable `name` = "ours" and "onednn"
-// (our kernel forced on / off), each run forward and backward once, profiled, on the same random
-// input and output gradient: for tests that compare one of our kernels with oneDNN's.
+// Two training networks of `spec`, one built with `kernels` (our kernel forced on) and one with
+// oneDNN forced for the same keys, each run forward and backward once on the same random input and
+// output gradient: for tests that compare one of our kernels with oneDNN's.
 struct OursAndOneDnn {
   std::unique_ptr<Network> ours, onednn;
-  std::string ours_report, onednn_report;  // ProfileReport(): which implementation ran each op
 };
-inline OursAndOneDnn RunOursAndOneDnn(const ModelSpec& spec, int batch, const char* name, uint64_t seed) {
-  OursAndOneDnn r{MakeTrainingNetWithEnv(spec, batch, name, "ours"), MakeTrainingNetWithEnv(spec, batch, name, "onednn"),
-                  "", ""};
+inline OursAndOneDnn RunOursAndOneDnn(const ModelSpec& spec, int batch, const KernelOptions& ours,
+                                      const KernelOptions& onednn, uint64_t seed) {
+  OursAndOneDnn r{MakeTrainingNet(spec, batch, ours), MakeTrainingNet(spec, batch, onednn)};
   if (!r.ours || !r.onednn) return r;
   const int outputs = static_cast<int>(spec.outputs.size());
   auto x = RandomVector(InputSize(spec) * batch, seed, 0.f, 2.f);
   auto diff = RandomVector(int64_t{batch} * outputs, seed + 1);
   std::vector<float> y(int64_t{batch} * outputs);
-  for (auto [net, report] : {std::pair{r.ours.get(), &r.ours_report}, std::pair{r.onednn.get(), &r.onednn_report}}) {
-    net->SetProfiling(true);
+  for (Network* net : {r.ours.get(), r.onednn.get()}) {
     net->Forward(x.data(), y.data());
     net->Backward(diff.data());
-    *report = net->ProfileReport();
   }
   return r;
 }

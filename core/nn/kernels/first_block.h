@@ -1,8 +1,8 @@
 // The first block of the SC18-style networks as one fused kernel: 1-channel VALID conv3d (stride 1,
 // up to 16 filters) + leaky ReLU + average pooling.
 //
-// Why: the 1-channel convolution is oneDNN's slowest layer in every precision (backward-weights
-// ~87 GFLOP/s fp32 with AVX-512, 20 with AVX2; bf16 slower than fp32), and its 16 x 126^3 output
+// Why: the 1-channel convolution is oneDNN's slowest layer in every precision (its backward-weights
+// runs far below the machine's peak, and bf16 is slower than fp32 there), and its 16 x 126^3 output
 // is the largest tensor of the network. Fusing conv, activation and pooling means that tensor is
 // never written: forward writes only the pooled output (8x smaller) and a 16-bit sign mask per conv
 // voxel; backward-weights rebuilds dLoss/dconv on the fly from the pooled gradient and the mask and
@@ -64,8 +64,8 @@ class FirstBlockKernel {
 // Weight and bias gradients of the network's first convolution when it has a few input channels
 // (MLPerf-style 4-channel cubes): stride 1, 1-4 input channels, exactly 16 filters, kernel 1-5, any
 // padding, fp32, channels-last (ndhwc) src and diff_dst. Why: oneDNN 2.6 has no direct 3D
-// backward-weights kernel for AVX2 and runs this as im2col + gemm at 17-29 GFLOP/s, almost half of
-// the accuracy study's training step. This reuses the first block's weight-gradient micro-kernel (a
+// backward-weights kernel for AVX2 and runs this as im2col + gemm, a large share of the accuracy
+// study's training step. This reuses the first block's weight-gradient micro-kernel (a
 // small matmul of each conv row's input patches by its row of 16 filter gradients) on a zero-padded
 // planar copy of the input. Same instruction sets, threading and determinism as FirstBlockKernel.
 class FirstConvWeightGrad {

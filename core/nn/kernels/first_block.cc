@@ -1,4 +1,4 @@
-#include "core/nn/first_block.h"
+#include "core/nn/kernels/first_block.h"
 
 #include <stdexcept>
 
@@ -212,7 +212,7 @@ inline void GradRows(const float* x, int64_t s, int d, int h, int r0, int width,
     const float* xw = row0 + w;
     // Opaque to the optimiser: without this GCC carries the broadcasts of one position into the
     // next (x[w + kw] is x[(w + 1) + kw - 1]) and spills them to the stack as 64-byte vectors,
-    // which made this loop store-bound (177 GFLOP/s for sc18's conv0 backward). A fresh broadcast
+    // which made this loop store-bound. A fresh broadcast
     // load per FMA is what the hardware does best.
     asm("" : "+r"(xw));
     const V16 dv = Load(dconv + w * kLanes);

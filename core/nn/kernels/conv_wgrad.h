@@ -3,9 +3,9 @@
 // of 16; any kernel size and padding.
 //
 // Why: oneDNN 2.6 has no direct 3D backward-weights kernel for AVX2. For ndhwc (the layout whose
-// forward and backward-data kernels are direct) it runs im2col + gemm at 20-30 GFLOP/s; the
-// blocked layouts fall back to its reference loops. In the accuracy study's network that made
-// conv1's backward-weights alone about 30% of a training step. This kernel is the weight gradient
+// forward and backward-data kernels are direct) it runs im2col + gemm; the blocked layouts fall
+// back to its reference loops. In the accuracy study's network that made conv1's backward-weights
+// alone a large share of a training step. This kernel is the weight gradient
 // written as what it is, for each of the K^3 taps a matmul dW_tap (F x C) += dY^T (F x P) X_tap (P x C)
 // over the P output positions, accumulated in registers (4 filters x 16 input channels, or 4
 // channels x 16 filters)

@@ -1,4 +1,4 @@
-#include "core/nn/conv_wgrad.h"
+#include "core/nn/kernels/conv_wgrad.h"
 
 #include <stdexcept>
 
@@ -21,7 +21,7 @@ namespace {
 // steps between rows. The eight accumulators live in registers for the whole rectangle: per
 // position 2 loads, 4 broadcasts and 8 FMAs (FMA-bound on two FMA pipes). They are eight named
 // variables because GCC 12 kept an accumulator array on the stack, storing it back on every
-// position (33 GFLOP/s instead of ~80), and the asm barrier keeps it from folding the x loads
+// position (less than half the speed), and the asm barrier keeps it from folding the x loads
 // into every FMA (12 loads per 8 FMAs).
 void AccumulateTap(const float* x, int64_t x_pos, int64_t x_row, const float* dy, int64_t dy_pos, int64_t dy_row,
                    int rows, int len, float* part, int64_t ldp) {

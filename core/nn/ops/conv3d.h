@@ -1,0 +1,91 @@
+// The conv3d op's parts (internal to core/nn): its geometry, its layout choice, and the candidate
+// kernels of its backward passes.
+//
+// Kernel choice: each pass has a list of candidates. A candidate says whether it supports the
+// problem (ISA, layout, precision, shape) and whether the rule prefers it; the op takes the forced
+// candidate (NetworkOptions::kernels, "conv.<pass>" or "<op name>.<pass>") when it supports the
+// problem, else the first supported candidate the rule prefers. The last candidate of every list
+// (oneDNN's primitive) supports everything, so there is always a choice.
+//   pass         candidates (list order)
+//   fwd          onednn (direct convolution, layout chosen by ConvOp)
+//   bwd_data     transposed (a forward conv of the transposed problem), onednn
+//   bwd_weights  channels_last_wgrad, first_conv_wgrad (our kernels), onednn
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/nn/op.h"
+#include "core/nn/ops/onednn_util.h"
+
+namespace cosmoflow::nn_internal {
+
+struct ConvGeom {
+  int64_t n = 0, ic = 0, oc = 0, side = 0, out = 0, k = 0, stride = 1, pad_left = 0, pad_right = 0;
+  dnnl::memory::dims weights_dims() const { return {oc, ic, k, k, k}; }
+  dnnl::memory::dims dst_dims() const { return {n, oc, out, out, out}; }
+  dnnl::memory::dims strides() const { return {stride, stride, stride}; }
+  dnnl::memory::dims padl() const { return {pad_left, pad_left, pad_left}; }
+  dnnl::memory::dims padr() const { return {pad_right, pad_right, pad_right}; }
+  double Flops() const { return 2.0 * k * k * k * ic * oc * out * out * out * n; }
+};
+ConvGeom ConvGeomOf(const dnnl::memory::dims& src_dims, const LayerSpec& layer);
+
+// Everything a backward candidate needs to decide and to set itself up.
+struct ConvSetup {
+  OpContext& ctx;
+  const ConvGeom& g;
+  bool first_op;
+  const dnnl::memory::desc& src_md;  // the layout the convolution runs on (after any src reorder)
+  const dnnl::memory::desc& dst_md;
+  const dnnl::convolution_forward::primitive_desc& fwd_pd;
+  // oneDNN's backward-weights choice for this problem (the rule asks whether it is a gemm).
+  const dnnl::convolution_backward_weights::primitive_desc& onednn_bwd_w_pd;
+  ParamStore& w;
+  ParamStore& b;
+  const WorkingWeights& weights;  // forward's working copy and the master
+  bool Fp32ChannelsLast() const;
+};
+
+// One backward pass of one conv. bwd_weights: reads src and diff_dst, overwrites the parameters'
+// gradients; bwd_data: reads diff_dst, writes diff_src.
+class ConvPassKernel {
+ public:
+  virtual ~ConvPassKernel() = default;
+  virtual void Run(OpContext& c, const dnnl::memory& src, const dnnl::memory& diff_dst, dnnl::memory* diff_src) = 0;
+  virtual void Refresh(OpContext& c) {}  // after the weights changed
+  virtual std::string Impl() const = 0;
+  virtual int64_t WorkspaceBytes() const { return 0; }
+};
+
+struct ConvCandidate {
+  const char* name;
+  bool (*supports)(const ConvSetup& s);
+  bool (*preferred)(const ConvSetup& s);  // asked only when supported
+  std::unique_ptr<ConvPassKernel> (*make)(const ConvSetup& s);
+};
+const std::vector<ConvCandidate>& BwdDataCandidates();     // conv3d_bwd_data.cc
+const std::vector<ConvCandidate>& BwdWeightsCandidates();  // conv3d_bwd_weights.cc
+
+// The forced candidate if it supports the problem, else the rule's: the chosen entry's index.
+size_t ChooseCandidate(const std::vector<ConvCandidate>& list, const ConvSetup& s, const std::string& forced);
+
+// oneDNN's backward-weights / backward-data primitive descriptors for this problem.
+dnnl::convolution_backward_weights::primitive_desc OneDnnBwdWeightsPd(OpContext& c, const ConvGeom& g,
+                                                                      const dnnl::memory::desc& src_md,
+                                                                      const dnnl::convolution_forward::primitive_desc& fwd);
+dnnl::convolution_backward_data::primitive_desc OneDnnBwdDataPd(OpContext& c, const ConvGeom& g,
+                                                                const dnnl::memory::desc& src_md,
+                                                                const dnnl::convolution_forward::primitive_desc& fwd);
+
+// Which of `candidates` (layouts a producer can write) a conv `layer` on src dims `dims` should
+// read: oneDNN's preference, or in fp32 training channels-last (ndhwc) when every pass has a real
+// kernel there, which then sets c.channels_last. 0 if it prefers none of them.
+int PreferredConvSrcLayout(OpContext& c, const dnnl::memory::dims& dims, const LayerSpec& layer,
+                           const std::vector<std::pair<dnnl::memory::desc, int>>& candidates);
+
+}  // namespace cosmoflow::nn_internal
