@@ -8,8 +8,8 @@
 #   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 DISPLACEMENT=2lpt PARTICLES=2
 #   SPEC=tools/specs/study32x4-overdensity-ns-light.json
 #   N_TRAIN=8192 N_VAL=512 N_TEST=1024 EPOCHS=30 BATCH=8 LR=0.001 PRECISION=auto SYNTH_ARGS=""
-#   SYMMETRIES=48 MEMBERS=1 SEED=1 MSE_WARMUP_EPOCHS=0 MEAN_GRADIENT=nll
-# Uncertainties: a SPEC with an uncertainty head (tools/specs/study32x4o_full.json) and/or MEMBERS=K
+#   SYMMETRIES=48 MEMBERS=1 SEED=1 MSE_WARMUP_EPOCHS=0 MEAN_GRADIENT=nll SERVE_PRECISION=fp32
+# Uncertainties: a SPEC with an uncertainty head (tools/specs/study32x4-overdensity-ns-light-fullcov.json) and/or MEMBERS=K
 # (a deep ensemble, served as one model) add the calibration report, computed on the test set with
 # the validation set's predictions (served the same way) for the constant-sigma comparison.
 # Data already in OUT_DIR/data is reused; TRAIN=0 also reuses a finished OUT_DIR/run (re-report only).
@@ -29,6 +29,7 @@ N_TRAIN=${N_TRAIN:-8192}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
 EPOCHS=${EPOCHS:-30}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-auto}; SYNTH_ARGS=${SYNTH_ARGS:-}
 TRAIN=${TRAIN:-1}
 MEMBERS=${MEMBERS:-1}; SEED=${SEED:-1}; MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-0}; MEAN_GRADIENT=${MEAN_GRADIENT:-nll}
+SERVE_PRECISION=${SERVE_PRECISION:-fp32}  # the server's; bf16 (as trained) is about twice as fast
 if ! [[ "$MEMBERS" =~ ^[1-9][0-9]?$ ]]; then
   echo "accuracy_study.sh: MEMBERS=$MEMBERS: expected 1..99 ensemble members" >&2; exit 2
 fi
@@ -78,6 +79,10 @@ else
     --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 64 \
     --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient "$MEAN_GRADIENT"
   echo "   trained after $(( $(date +%s) - t0 )) s"
+  /usr/bin/python3 -c "
+import glob, json
+for f in sorted(glob.glob('$out/run/run.json') + glob.glob('$out/run/members/m*/run.json')):
+    print(f'   {f[len(\"$out/run/\"):-len(\"run.json\")] or \"run/\"}: {json.load(open(f))[\"elapsed_s\"]:.0f} s of training')"
 fi
 run_dir=$out/run; [ -d "$out/run/members/m0" ] && run_dir=$out/run/members/m0  # an ensemble: member 0's curves
 [ -f "$here/tools/plot_training.py" ] && /usr/bin/python3 "$here/tools/plot_training.py" "$run_dir" --out "$out/plots" || true
@@ -86,7 +91,7 @@ echo "== predicting the test set through the gRPC server"
 rm -f "$out/grpc.port"  # a stale one from an earlier run would point the client at a dead port
 rm -f "$out"/network_val*.csv  # nor may an earlier model's validation predictions reach the report
 "$build/server/cosmoflow-server" --checkpoint "$model" --address 127.0.0.1:0 --metrics-address "" \
-  --port-file "$out/grpc.port" --max-batch 8 > "$out/server.log" 2>&1 &
+  --port-file "$out/grpc.port" --max-batch 8 --precision "$SERVE_PRECISION" > "$out/server.log" 2>&1 &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 1 150); do [ -s "$out/grpc.port" ] && break; sleep 0.2; done
@@ -160,6 +165,7 @@ if with_cov:  # the validation set too: the constant-sigma comparison and the sy
     n, _ = predict(f"{out}/data/val", f"{out}/network_val.csv")
     print(f"   {n} validation cubes x {len(symmetries)} symmetries predicted")
 PY
+echo "   served after $(( $(date +%s) - t0 )) s"
 kill -TERM $pid; wait $pid || true; trap - EXIT
 
 echo "== P(k) baseline"
