@@ -18,7 +18,7 @@ set -e
 [ ! -e "$work/bad" ] || fail "MEMBERS=0 created $work/bad"
 
 BUILD_DIR="$build" N_TRAIN=64 N_VAL=16 N_TEST=16 EPOCHS=2 SYMMETRIES=2 MEMBERS=2 MSE_WARMUP_EPOCHS=1 \
-  SPEC="$here/tools/specs/study32x4o_full.json" bash "$here/tools/accuracy_study.sh" "$work/run"
+  SPEC="$here/tools/specs/study32x4-overdensity-ns-light-fullcov.json" bash "$here/tools/accuracy_study.sh" "$work/run"
 out=$work/run
 for f in accuracy.md accuracy.json pred_vs_true.png coverage_curve.png pred_vs_true_errorbars.png \
          network.csv network_sym2.csv network_val.csv network_val_sym2.csv run/ensemble.json \
