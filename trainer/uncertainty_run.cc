@@ -9,30 +9,36 @@
 
 namespace cosmoflow {
 
-double StepLoss(const ModelSpec& spec, const StepLossConfig& config, int64_t step, const float* pred,
-                const float* labels, int batch, float* diff) {
+double StepLoss(const ModelSpec& spec, const StepLossConfig& config, int64_t step,
+                const float* pred, const float* labels, int batch, float* diff) {
   const int p = static_cast<int>(spec.outputs.size());
-  if (spec.uncertainty == UncertaintyHead::kNone) return ComputeLoss(LossType::kMse, pred, labels, int64_t{batch} * p, diff);
-  if (step < config.warmup_steps) return MeanSquaredErrorOfMeans(spec.uncertainty, p, pred, labels, batch, diff);
+  if (spec.uncertainty == UncertaintyHead::kNone)
+    return ComputeLoss(LossType::kMse, pred, labels, int64_t{batch} * p, diff);
+  if (step < config.warmup_steps)
+    return MeanSquaredErrorOfMeans(spec.uncertainty, p, pred, labels, batch, diff);
   return GaussianNll(spec.uncertainty, p, pred, labels, batch, diff, config.mean_gradient);
 }
 
 double ValidationLossSum(const ModelSpec& spec, const float* pred, const float* labels) {
   const int p = static_cast<int>(spec.outputs.size());
-  if (spec.uncertainty != UncertaintyHead::kNone) return p * GaussianNll(spec.uncertainty, p, pred, labels, 1, nullptr);
+  if (spec.uncertainty != UncertaintyHead::kNone)
+    return p * GaussianNll(spec.uncertainty, p, pred, labels, 1, nullptr);
   double sum = 0;
   for (int o = 0; o < p; ++o) sum += (double(pred[o]) - labels[o]) * (double(pred[o]) - labels[o]);
   return sum;
 }
 
-int ValidationRowWidth(const ModelSpec& spec) { return 1 + 3 * static_cast<int>(spec.outputs.size()) + spec.NetworkOutputs(); }
+int ValidationRowWidth(const ModelSpec& spec) {
+  return 1 + 3 * static_cast<int>(spec.outputs.size()) + spec.NetworkOutputs();
+}
 
 ValidationPosteriors DecodeValidationRows(const ModelSpec& spec, const std::vector<float>& rows) {
   const int p = static_cast<int>(spec.outputs.size()), width = ValidationRowWidth(spec);
   const size_t n = rows.size() / width;
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a * width] < rows[b * width]; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return rows[a * width] < rows[b * width]; });
   ValidationPosteriors v;
   v.truth.resize(n * p);
   v.mean.resize(n * p);
@@ -48,7 +54,8 @@ ValidationPosteriors DecodeValidationRows(const ModelSpec& spec, const std::vect
   return v;
 }
 
-std::string ValidationCsv(const ModelSpec& spec, const ValidationPosteriors& v, const Calibration& calibration) {
+std::string ValidationCsv(const ModelSpec& spec, const ValidationPosteriors& v,
+                          const Calibration& calibration) {
   const size_t p = spec.outputs.size();
   const bool sigma = spec.uncertainty != UncertaintyHead::kNone;
   std::ostringstream csv;
@@ -87,12 +94,14 @@ Status LabelRange(const Dataset& dataset, const std::vector<int>& column, std::v
   }
   for (size_t k = 0; k < p; ++k)
     if (!((*low)[k] < (*high)[k]))
-      return InvalidArgumentError("training labels of output " + std::to_string(k) +
-                                  " do not span a range (all equal?): no prior for the calibration");
+      return InvalidArgumentError(
+          "training labels of output " + std::to_string(k) +
+          " do not span a range (all equal?): no prior for the calibration");
   return Status::Ok();
 }
 
-StatusOr<ValidationPosteriors> CombineMembers(const ModelSpec& spec, const std::vector<ValidationPosteriors>& members) {
+StatusOr<ValidationPosteriors> CombineMembers(const ModelSpec& spec,
+                                              const std::vector<ValidationPosteriors>& members) {
   if (members.empty()) return InvalidArgumentError("ensemble: no members to combine");
   const int p = static_cast<int>(spec.outputs.size()), k = static_cast<int>(members.size());
   ValidationPosteriors out = members[0];
@@ -109,12 +118,14 @@ StatusOr<ValidationPosteriors> CombineMembers(const ModelSpec& spec, const std::
     }
     CombineMixture(p, k, means.data(), covs.data(), &out.mean[i * p], &out.cov[i * p * p]);
     for (int o = 0; o < p; ++o)
-      out.physical_mean[i * p + o] = spec.outputs[o].offset + spec.outputs[o].scale * float(out.mean[i * p + o]);
+      out.physical_mean[i * p + o] =
+          spec.outputs[o].offset + spec.outputs[o].scale * float(out.mean[i * p + o]);
   }
   return out;
 }
 
-Status WriteEnsembleForRun(const std::string& out_dir, const std::vector<std::string>& member_checkpoints,
+Status WriteEnsembleForRun(const std::string& out_dir,
+                           const std::vector<std::string>& member_checkpoints,
                            const Calibration& calibration, const ModelSpec& spec) {
   EnsembleManifest manifest;
   for (size_t m = 0; m < member_checkpoints.size(); ++m) {

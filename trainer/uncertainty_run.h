@@ -24,8 +24,8 @@ struct StepLossConfig {
   MeanGradient mean_gradient = MeanGradient::kNll;
 };
 // pred/diff: batch x spec.NetworkOutputs(); labels: batch x P normalised.
-double StepLoss(const ModelSpec& spec, const StepLossConfig& config, int64_t step, const float* pred,
-                const float* labels, int batch, float* diff);
+double StepLoss(const ModelSpec& spec, const StepLossConfig& config, int64_t step,
+                const float* pred, const float* labels, int batch, float* diff);
 // The validation loss of one sample, summed over its P outputs: squared error for a spec without a
 // head, P times the per-parameter Gaussian NLL with one (so that sum / (count * P) is the mean).
 double ValidationLossSum(const ModelSpec& spec, const float* pred, const float* labels);
@@ -45,7 +45,8 @@ ValidationPosteriors DecodeValidationRows(const ModelSpec& spec, const std::vect
 
 // val_predictions.csv: index, true_<p>..., pred_<p>..., and with an uncertainty
 // sigma_<p>... (calibrated with `calibration`, physical units).
-std::string ValidationCsv(const ModelSpec& spec, const ValidationPosteriors& v, const Calibration& calibration);
+std::string ValidationCsv(const ModelSpec& spec, const ValidationPosteriors& v,
+                          const Calibration& calibration);
 
 // The physical range of each output's labels over a dataset (the prior the calibration truncates
 // posteriors to); `column[k]` is the dataset column of output k (LabelMap).
@@ -53,12 +54,14 @@ Status LabelRange(const Dataset& dataset, const std::vector<int>& column, std::v
                   std::vector<double>* high);
 
 // The mixture of the members' validation posteriors (all on the same samples, same order).
-StatusOr<ValidationPosteriors> CombineMembers(const ModelSpec& spec, const std::vector<ValidationPosteriors>& members);
+StatusOr<ValidationPosteriors> CombineMembers(const ModelSpec& spec,
+                                              const std::vector<ValidationPosteriors>& members);
 
 // Writes "ensemble.json" in `out_dir`, listing `member_checkpoints` (paths relative to out_dir)
 // with their checksums (each checkpoint is read and verified) and `calibration` (the factors
 // fitted on the members' combined validation posteriors; may be empty).
-Status WriteEnsembleForRun(const std::string& out_dir, const std::vector<std::string>& member_checkpoints,
+Status WriteEnsembleForRun(const std::string& out_dir,
+                           const std::vector<std::string>& member_checkpoints,
                            const Calibration& calibration, const ModelSpec& spec);
 
 }  // namespace cosmoflow

@@ -35,17 +35,18 @@ std::string OutputText(const OutputSpec& o) {
 // Why member `m` cannot join member 0, or "" if it can.
 std::string Disagreement(const ModelSpec& first, const ModelSpec& m) {
   if (m.outputs.size() != first.outputs.size()) {
-    return "label normalisation differs from member 0's: " + std::to_string(m.outputs.size()) + " outputs vs " +
-           std::to_string(first.outputs.size());
+    return "label normalisation differs from member 0's: " + std::to_string(m.outputs.size()) +
+           " outputs vs " + std::to_string(first.outputs.size());
   }
   for (size_t i = 0; i < m.outputs.size(); ++i) {
     const OutputSpec &a = m.outputs[i], &b = first.outputs[i];
     if (a.name != b.name || a.unit != b.unit || a.offset != b.offset || a.scale != b.scale)
-      return "label normalisation differs from member 0's: output " + std::to_string(i) + " is " + OutputText(a) +
-             ", member 0 has " + OutputText(b);
+      return "label normalisation differs from member 0's: output " + std::to_string(i) + " is " +
+             OutputText(a) + ", member 0 has " + OutputText(b);
   }
   if (m.ToJson() != first.ToJson())
-    return "spec '" + m.name + "' differs from member 0's spec '" + first.name + "' (layers, input or uncertainty)";
+    return "spec '" + m.name + "' differs from member 0's spec '" + first.name +
+           "' (layers, input or uncertainty)";
   return "";
 }
 
@@ -62,12 +63,17 @@ StatusOr<EnsembleManifest> ReadEnsembleManifest(const std::string& path) {
   } catch (const std::exception& e) {
     return DataLossError(path + ": the ensemble manifest is not valid JSON: " + e.what());
   }
-  auto field = [&](const char* key) { return j.is_object() && j.contains(key) ? j[key] : nlohmann::json(); };
+  auto field = [&](const char* key) {
+    return j.is_object() && j.contains(key) ? j[key] : nlohmann::json();
+  };
   if (field("format") != kFormatName)
-    return InvalidArgumentError(path + ": not an ensemble manifest (field 'format' must be '" + kFormatName + "')");
-  if (!field("format_version").is_number_integer() || field("format_version").get<int64_t>() != kEnsembleFormatVersion)
-    return FailedPreconditionError(path + ": ensemble manifest format_version " + field("format_version").dump() +
-                                   ", this build reads version " + std::to_string(kEnsembleFormatVersion));
+    return InvalidArgumentError(path + ": not an ensemble manifest (field 'format' must be '" +
+                                kFormatName + "')");
+  if (!field("format_version").is_number_integer() ||
+      field("format_version").get<int64_t>() != kEnsembleFormatVersion)
+    return FailedPreconditionError(path + ": ensemble manifest format_version " +
+                                   field("format_version").dump() + ", this build reads version " +
+                                   std::to_string(kEnsembleFormatVersion));
   const nlohmann::json members = field("members");
   if (!members.is_array() || members.empty())
     return InvalidArgumentError(path + ": field 'members' must be a non-empty array");
@@ -75,8 +81,8 @@ StatusOr<EnsembleManifest> ReadEnsembleManifest(const std::string& path) {
   for (size_t i = 0; i < members.size(); ++i) {
     const nlohmann::json& e = members[i];
     const std::string where = path + ": members[" + std::to_string(i) + "]";
-    if (!e.is_object() || !e.contains("checkpoint") || !e["checkpoint"].is_string() || !e.contains("checksum") ||
-        !e["checksum"].is_string())
+    if (!e.is_object() || !e.contains("checkpoint") || !e["checkpoint"].is_string() ||
+        !e.contains("checksum") || !e["checksum"].is_string())
       return InvalidArgumentError(where + " needs string fields 'checkpoint' and 'checksum'");
     m.members.push_back({e["checkpoint"].get<std::string>(), e["checksum"].get<std::string>()});
   }
@@ -89,8 +95,10 @@ Status WriteEnsembleManifest(const std::string& path, const EnsembleManifest& ma
   j["format"] = kFormatName;
   j["format_version"] = kEnsembleFormatVersion;
   j["members"] = nlohmann::ordered_json::array();
-  for (const auto& m : manifest.members) j["members"].push_back({{"checkpoint", m.checkpoint}, {"checksum", m.checksum}});
-  if (!manifest.calibration_json.empty()) j["calibration"] = nlohmann::ordered_json::parse(manifest.calibration_json);
+  for (const auto& m : manifest.members)
+    j["members"].push_back({{"checkpoint", m.checkpoint}, {"checksum", m.checksum}});
+  if (!manifest.calibration_json.empty())
+    j["calibration"] = nlohmann::ordered_json::parse(manifest.calibration_json);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -112,7 +120,9 @@ std::string FindEnsembleManifest(const std::string& path) {
     return ::stat(inside.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? inside : "";
   }
   const std::string ext = ".json";
-  return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0 ? path : "";
+  return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0
+             ? path
+             : "";
 }
 
 StatusOr<LoadedEnsemble> LoadEnsemble(const std::string& manifest_path) {
@@ -121,12 +131,14 @@ StatusOr<LoadedEnsemble> LoadEnsemble(const std::string& manifest_path) {
   uint32_t crc = 0;
   for (size_t i = 0; i < manifest.members.size(); ++i) {
     const EnsembleMember& member = manifest.members[i];
-    const std::string where = manifest_path + ": member " + std::to_string(i) + " (" + member.checkpoint + ")";
+    const std::string where =
+        manifest_path + ": member " + std::to_string(i) + " (" + member.checkpoint + ")";
     const std::string file = ResolveMember(manifest_path, member.checkpoint);
     auto ckpt = ReadCheckpoint(file);
     if (!ckpt.ok()) return Status(ckpt.status().code(), where + ": " + ckpt.status().message());
     if (ckpt->checksum != member.checksum)
-      return DataLossError(where + ": checksum " + ckpt->checksum + " but the manifest lists " + member.checksum +
+      return DataLossError(where + ": checksum " + ckpt->checksum + " but the manifest lists " +
+                           member.checksum +
                            " (the member changed after the manifest was written)");
     if (i > 0) {
       const std::string why = Disagreement(e.members[0].spec, ckpt->spec);

@@ -3,7 +3,8 @@
 //
 // Manifest, format "cosmoflow-ensemble" version 1 (docs/formats.md), normally <run>/ensemble.json:
 //   {"format": "cosmoflow-ensemble", "format_version": 1,
-//    "members": [{"checkpoint": "members/m0/checkpoints/ckpt-000001920.h5", "checksum": "1a2b3c4d"},
+//    "members": [{"checkpoint": "members/m0/checkpoints/ckpt-000001920.h5", "checksum":
+//    "1a2b3c4d"},
 //                ...],
 //    "calibration": {"samples": 512, "sigma_scale": {...}, "prior": {...}}}   // optional
 // Member paths are relative to the manifest's directory (or absolute); each checksum is the

@@ -34,14 +34,15 @@ void CovarianceFromPrecisionCholesky(int p, const double* l, double* cov);
 // The equal-weight mixture of k posteriors (means k x p, covs k x p x p): its mean is the average
 // mean, its covariance the average covariance plus the spread of the means,
 // (1/k) sum_m (mu_m - mean)(mu_m - mean)^T (the mixture's exact second moment).
-void CombineMixture(int p, int k, const double* means, const double* covs, double* mean, double* cov);
+void CombineMixture(int p, int k, const double* means, const double* covs, double* mean,
+                    double* cov);
 
 // Post-hoc calibration of an uncertainty: sigma_p -> sigma_scale[p] * sigma_p.
 struct Calibration {
-  std::vector<double> sigma_scale;             // per output; empty = not calibrated (factor 1)
-  std::vector<double> prior_low, prior_high;   // per output, physical units: the prior range the
-                                               // fit truncated the posterior to (empty = none)
-  int64_t samples = 0;                         // validation samples the factors were fitted on
+  std::vector<double> sigma_scale;            // per output; empty = not calibrated (factor 1)
+  std::vector<double> prior_low, prior_high;  // per output, physical units: the prior range the
+                                              // fit truncated the posterior to (empty = none)
+  int64_t samples = 0;                        // validation samples the factors were fitted on
   bool empty() const { return sigma_scale.empty(); }
 };
 
@@ -49,7 +50,8 @@ struct Calibration {
 // message names the field ("calibration: sigma_scale.sigma_8 = -1 is not positive and finite").
 Status ValidateCalibration(const Calibration& c, const ModelSpec& spec);
 // JSON object keyed by output name:
-//   {"samples": 512, "sigma_scale": {"Omega_M": 1.04, ...}, "prior": {"Omega_M": [0.25, 0.35], ...}}
+//   {"samples": 512, "sigma_scale": {"Omega_M": 1.04, ...}, "prior": {"Omega_M": [0.25, 0.35],
+//   ...}}
 std::string CalibrationToJson(const Calibration& c, const ModelSpec& spec);
 // Parses and validates; every output must have a factor, and no other name may appear.
 StatusOr<Calibration> CalibrationFromJson(const std::string& json, const ModelSpec& spec);
@@ -64,14 +66,16 @@ void DenormalisePosterior(const ModelSpec& spec, double* mean, double* cov);
 // (low = -inf, high = +inf) that is c^2 = mean(z^2), z = (truth - mean) / sigma; with one, a 1-D
 // search over log c in [-7, 7]. Fails (naming `what`) on no samples, a sigma that is not positive
 // and finite, or a factor at the end of the search range.
-StatusOr<double> FitSigmaScale(const double* truth, const double* mean, const double* sigma, int64_t n,
-                               double low, double high, const std::string& what);
+StatusOr<double> FitSigmaScale(const double* truth, const double* mean, const double* sigma,
+                               int64_t n, double low, double high, const std::string& what);
 
 // Fits every output's factor from n samples of normalised truths (n x p), means (n x p) and
 // covariances (n x p x p); prior_low/high per output in physical units (empty = none), kept in the
 // result.
 StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
-                                     const std::vector<double>& mean, const std::vector<double>& cov,
-                                     const std::vector<double>& prior_low, const std::vector<double>& prior_high);
+                                     const std::vector<double>& mean,
+                                     const std::vector<double>& cov,
+                                     const std::vector<double>& prior_low,
+                                     const std::vector<double>& prior_high);
 
 }  // namespace cosmoflow

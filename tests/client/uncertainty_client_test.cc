@@ -53,7 +53,9 @@ class UncertaintyClientTest : public ::testing::Test {
     int status = std::system((command + " > " + out + " 2> " + err).c_str());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFileText(out), ReadFileText(err)};
   }
-  Result Client(const std::string& args) { return Exec(kClient + " --address " + address_ + " " + args); }
+  Result Client(const std::string& args) {
+    return Exec(kClient + " --address " + address_ + " " + args);
+  }
   Result Python(const std::string& args) {
     return Exec("COSMOFLOW_STUBS_DIR=" + (dir_ / "stubs") + " /usr/bin/python3 " + kSource +
                 "/client/python/cosmoflow_client.py --address " + address_ + " " + args);
@@ -84,7 +86,8 @@ TEST_F(UncertaintyClientTest, CliAndPythonCarrySigmaAndCovarianceAsServed) {
   for (int i = 0; i < 3; ++i) {
     const auto& p = want.parameters(i);
     EXPECT_EQ(j["sigma"][p.name()].get<double>(), p.sigma()) << p.name();  // the same double
-    for (int k = 0; k < 3; ++k) EXPECT_EQ(j["covariance"][i][k].get<double>(), want.covariance(i * 3 + k));
+    for (int k = 0; k < 3; ++k)
+      EXPECT_EQ(j["covariance"][i][k].get<double>(), want.covariance(i * 3 + k));
   }
   Result py = Python("--npy " + (dir_ / "cube.npy") + " --json");
   ASSERT_EQ(py.code, 0) << py.err;
@@ -106,7 +109,8 @@ TEST_F(UncertaintyClientTest, CliAndPythonCarrySigmaAndCovarianceAsServed) {
     EXPECT_NEAR(std::stod(sigma), p.sigma(), 0.05 * p.sigma()) << table.out;
     EXPECT_NEAR(std::stod(value), p.value(), p.sigma() / 10) << table.out;
     const size_t decimals = sigma.size() - sigma.find('.') - 1;
-    EXPECT_EQ(value.size() - value.find('.') - 1, decimals) << "value and sigma to the same decimal: " << table.out;
+    EXPECT_EQ(value.size() - value.find('.') - 1, decimals)
+        << "value and sigma to the same decimal: " << table.out;
     const std::string significant = sigma.substr(sigma.find_first_not_of("0."));
     EXPECT_EQ(significant.size(), 2u) << "sigma to two significant digits: " << table.out;
   }
@@ -119,8 +123,10 @@ TEST_F(UncertaintyClientTest, CliAndPythonCarrySigmaAndCovarianceAsServed) {
   EXPECT_EQ(ij["uncertainty_head"], "gaussian_full");
   EXPECT_EQ(ij["calibration"], json::array({1.5, 0.8, 1.1}));
   Result text = Client("info");
-  EXPECT_NE(text.out.find("uncertainty      gaussian (gaussian_full head), sigma calibrated x1.5 / 0.8 / 1.1"),
-            std::string::npos)
+  EXPECT_NE(
+      text.out.find(
+          "uncertainty      gaussian (gaussian_full head), sigma calibrated x1.5 / 0.8 / 1.1"),
+      std::string::npos)
       << text.out;
 }
 
@@ -145,11 +151,13 @@ TEST_F(UncertaintyClientTest, WithoutUncertaintyEveryClientSaysSo) {
 TEST_F(UncertaintyClientTest, ClientFromThePreviousProtoKeepsWorking) {
   const std::string old_proto = CF_PREVIOUS_PROTO_DIR;
   ASSERT_TRUE(std::filesystem::exists(old_proto + "/cosmoflow.proto"))
-      << "the previous proto was not extracted at configure time (git show failed: not a git checkout?)";
+      << "the previous proto was not extracted at configure time (git show failed: not a git "
+         "checkout?)";
   Start(MakeTinyHeadCheckpoint(6, 2, UncertaintyHead::kGaussianFull, {1.2, 1.0, 0.9}));
   std::filesystem::create_directories(dir_ / "old_stubs");
-  Result old = Exec("/usr/bin/python3 " + kSource + "/tests/client/old_client_check.py " + old_proto + " " +
-                    (dir_ / "old_stubs") + " " + address_ + " " + (dir_ / "cube.npy"));
+  Result old =
+      Exec("/usr/bin/python3 " + kSource + "/tests/client/old_client_check.py " + old_proto + " " +
+           (dir_ / "old_stubs") + " " + address_ + " " + (dir_ / "cube.npy"));
   ASSERT_EQ(old.code, 0) << old.err;
   Result cli = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
   ASSERT_EQ(cli.code, 0) << cli.err;

@@ -136,10 +136,12 @@ TEST_F(EnsembleTest, BadManifestsAreRefusedNamingTheField) {
   std::string why = LoadError();
   EXPECT_NE(why.find("sigma_scale.sigma_8"), std::string::npos) << why;
 
-  std::ofstream(manifest_path()) << R"({"format": "cosmoflow-ensemble", "format_version": 1, "members": []})";
+  std::ofstream(manifest_path())
+      << R"({"format": "cosmoflow-ensemble", "format_version": 1, "members": []})";
   why = LoadError();
   EXPECT_NE(why.find("'members'"), std::string::npos) << why;
-  std::ofstream(manifest_path()) << R"({"format": "cosmoflow-ensemble", "format_version": 9, "members": []})";
+  std::ofstream(manifest_path())
+      << R"({"format": "cosmoflow-ensemble", "format_version": 9, "members": []})";
   why = LoadError();
   EXPECT_NE(why.find("format_version 9"), std::string::npos) << why;
   std::ofstream(manifest_path()) << R"({"format": "cosmoflow-ensemble", "format_version": 1,

@@ -32,7 +32,8 @@ TEST(UncertaintySpecTest, HeadWidthsAndJson) {
     ASSERT_TRUE(s.Validate().ok()) << s.Validate().ToString();
     EXPECT_EQ(s.NetworkOutputs(), HeadWidth(head, 3));
     const std::string json = s.ToJson();
-    EXPECT_NE(json.find(std::string("\"uncertainty\":\"") + UncertaintyHeadName(head) + "\""), std::string::npos);
+    EXPECT_NE(json.find(std::string("\"uncertainty\":\"") + UncertaintyHeadName(head) + "\""),
+              std::string::npos);
     auto back = ModelSpec::FromJson(json);
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_EQ(back->uncertainty, head);
@@ -107,8 +108,8 @@ TEST(UncertaintyTest, CovarianceFromCholeskyMatchesHandComputation) {
   const std::vector<double> want = Inverse3(precision);
   for (int i = 0; i < 9; ++i) EXPECT_NEAR(cov[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << i;
   EXPECT_NEAR(cov[1], cov[3], 1e-15);  // symmetric
-  // By hand: det(Lambda) = (2 * 1 * 4)^2 = 64; Var(y0) = (1.25 * 17.0625 - 0.0625) / 64; and the last
-  // output's variance is 1 / L_22^2 = 1/16 (the last row of a precision Cholesky factor).
+  // By hand: det(Lambda) = (2 * 1 * 4)^2 = 64; Var(y0) = (1.25 * 17.0625 - 0.0625) / 64; and the
+  // last output's variance is 1 / L_22^2 = 1/16 (the last row of a precision Cholesky factor).
   EXPECT_NEAR(cov[0], 21.265625 / 64, 1e-6);
   EXPECT_NEAR(cov[8], 1.0 / 16, 1e-7);
   EXPECT_NEAR(cov[2], 2.25 / 64, 1e-7);
@@ -146,7 +147,8 @@ TEST(UncertaintyTest, MixtureOfMembersMatchesHandComputation) {
   EXPECT_DOUBLE_EQ(cov[0], 6.0);
 }
 
-// The NLL computed the textbook way from the decoded covariance: 0.5 log det(2 pi C) + 0.5 r^T C^-1 r.
+// The NLL computed the textbook way from the decoded covariance: 0.5 log det(2 pi C) + 0.5 r^T C^-1
+// r.
 double ReferenceNll(UncertaintyHead head, const float* raw, const float* y) {
   double mean[3], cov[9];
   DecodeHead(head, 3, raw, mean, cov);
@@ -171,7 +173,8 @@ TEST(LossTest, GaussianNllValueMatchesTheTextbookDensity) {
     double want = 0;
     for (int b = 0; b < batch; ++b) want += ReferenceNll(head, &pred[b * w], &y[b * 3]);
     want /= batch * 3;
-    EXPECT_NEAR(GaussianNll(head, 3, pred.data(), y.data(), batch, nullptr), want, 1e-5) << UncertaintyHeadName(head);
+    EXPECT_NEAR(GaussianNll(head, 3, pred.data(), y.data(), batch, nullptr), want, 1e-5)
+        << UncertaintyHeadName(head);
   }
 }
 
@@ -200,13 +203,15 @@ void ExpectGradientMatchesFiniteDifferences(UncertaintyHead head, MeanGradient m
       want = (fp - fm) / (double(plus[k]) - double(minus[k]));
     }
     EXPECT_NEAR(diff[k], want, 2e-4 * (1 + std::abs(want)))
-        << UncertaintyHeadName(head) << " " << MeanGradientName(mg) << " entry " << k % w << " of sample " << k / w;
+        << UncertaintyHeadName(head) << " " << MeanGradientName(mg) << " entry " << k % w
+        << " of sample " << k / w;
   }
 }
 
 TEST(LossTest, GaussianNllGradientMatchesFiniteDifferences) {
   for (auto head : {UncertaintyHead::kGaussian, UncertaintyHead::kGaussianFull})
-    for (auto mg : {MeanGradient::kNll, MeanGradient::kMse}) ExpectGradientMatchesFiniteDifferences(head, mg);
+    for (auto mg : {MeanGradient::kNll, MeanGradient::kMse})
+      ExpectGradientMatchesFiniteDifferences(head, mg);
 }
 
 TEST(LossTest, GaussianNllIsFiniteForExtremeHeadOutputs) {
@@ -243,7 +248,7 @@ TEST(CalibrationTest, AppliesJsonRoundTripAndRefusesBadFactorsNamingTheField) {
   double cov[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
   ApplyCalibration(c, 3, cov);
   EXPECT_DOUBLE_EQ(cov[0], 4.0);
-  EXPECT_DOUBLE_EQ(cov[1], 1.0);   // 2 * 0.5
+  EXPECT_DOUBLE_EQ(cov[1], 1.0);  // 2 * 0.5
   EXPECT_DOUBLE_EQ(cov[4], 0.25);
   EXPECT_DOUBLE_EQ(cov[8], 1.0);
   auto back = CalibrationFromJson(CalibrationToJson(c, spec), spec);
@@ -264,10 +269,13 @@ TEST(CalibrationTest, AppliesJsonRoundTripAndRefusesBadFactorsNamingTheField) {
   EXPECT_NE(ValidateCalibration(flipped, spec).message().find("prior.n_s"), std::string::npos);
   auto missing = CalibrationFromJson(R"({"sigma_scale": {"Omega_M": 1, "sigma_8": 1}})", spec);
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.status().message().find("sigma_scale.n_s"), std::string::npos) << missing.status().message();
-  auto extra = CalibrationFromJson(R"({"sigma_scale": {"Omega_M": 1, "sigma_8": 1, "n_s": 1, "H0": 1}})", spec);
+  EXPECT_NE(missing.status().message().find("sigma_scale.n_s"), std::string::npos)
+      << missing.status().message();
+  auto extra = CalibrationFromJson(
+      R"({"sigma_scale": {"Omega_M": 1, "sigma_8": 1, "n_s": 1, "H0": 1}})", spec);
   ASSERT_FALSE(extra.ok());
-  EXPECT_NE(extra.status().message().find("sigma_scale.H0"), std::string::npos) << extra.status().message();
+  EXPECT_NE(extra.status().message().find("sigma_scale.H0"), std::string::npos)
+      << extra.status().message();
 }
 
 // The miscalibrated toy: predictions claim sigma_i but the truths scatter with k * sigma_i. The fit
@@ -291,8 +299,8 @@ TEST(CalibrationTest, RecoversTheNoiseLevelOfAMiscalibratedToy) {
   }
 }
 
-// Truncated toy: truths from N(mean, (k sigma)^2) truncated to the prior [0, 1], with means near the
-// edges, where truncation matters. The truncated fit recovers k (4% tolerance); the untruncated
+// Truncated toy: truths from N(mean, (k sigma)^2) truncated to the prior [0, 1], with means near
+// the edges, where truncation matters. The truncated fit recovers k (4% tolerance); the untruncated
 // formula on the same data misses it by more than that, which is why the fit knows the prior.
 TEST(CalibrationTest, TruncatedFitRecoversTheNoiseLevelNearThePriorEdges) {
   std::mt19937_64 rng(4);
@@ -311,7 +319,8 @@ TEST(CalibrationTest, TruncatedFitRecoversTheNoiseLevelNearThePriorEdges) {
   auto truncated = FitSigmaScale(truth.data(), mean.data(), sigma.data(), n, 0.0, 1.0, "toy");
   ASSERT_TRUE(truncated.ok()) << truncated.status().ToString();
   EXPECT_NEAR(*truncated, k, 0.04 * k);
-  auto naive = FitSigmaScale(truth.data(), mean.data(), sigma.data(), n, -INFINITY, INFINITY, "toy");
+  auto naive =
+      FitSigmaScale(truth.data(), mean.data(), sigma.data(), n, -INFINITY, INFINITY, "toy");
   ASSERT_TRUE(naive.ok());
   EXPECT_GT(std::abs(*naive - k), 0.04 * k) << "the toy does not exercise truncation";
 }

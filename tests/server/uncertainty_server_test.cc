@@ -36,8 +36,9 @@ struct Posterior {
 
 // Normalised covariance of a full head's raw output: (L L^T)^-1 with L built by hand.
 std::vector<double> FullHeadCovariance(const std::vector<float>& raw) {
-  double l[9] = {std::exp(double(raw[3])), 0, 0, raw[6], std::exp(double(raw[4])), 0,
-                 raw[7], raw[8], std::exp(double(raw[5]))};
+  double l[9] = {std::exp(double(raw[3])), 0, 0,      raw[6],
+                 std::exp(double(raw[4])), 0, raw[7], raw[8],
+                 std::exp(double(raw[5]))};
   std::vector<double> precision(9, 0.0);
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j)
@@ -46,13 +47,14 @@ std::vector<double> FullHeadCovariance(const std::vector<float>& raw) {
 }
 
 // Calibration and label scales applied to a normalised posterior.
-Posterior ToPhysical(const ModelSpec& spec, const std::vector<double>& mean, std::vector<double> cov,
-                     const std::vector<double>& sigma_scale) {
+Posterior ToPhysical(const ModelSpec& spec, const std::vector<double>& mean,
+                     std::vector<double> cov, const std::vector<double>& sigma_scale) {
   Posterior p;
   for (int i = 0; i < 3; ++i) {
     p.mean.push_back(spec.outputs[i].offset + spec.outputs[i].scale * mean[i]);
     for (int j = 0; j < 3; ++j)
-      cov[i * 3 + j] *= sigma_scale[i] * sigma_scale[j] * spec.outputs[i].scale * spec.outputs[j].scale;
+      cov[i * 3 + j] *=
+          sigma_scale[i] * sigma_scale[j] * spec.outputs[i].scale * spec.outputs[j].scale;
   }
   p.cov = cov;
   return p;
@@ -108,14 +110,16 @@ class UncertaintyServerTest : public ::testing::Test {
     EnsembleManifest m;
     for (int k = 0; k < 3; ++k) {
       const std::string rel = "members/m" + std::to_string(k) + ".h5";
-      auto sum = WriteCheckpoint(dir_ / ("run/" + rel), MakeTinyHeadCheckpoint(40 + k, 5, UncertaintyHead::kGaussian));
+      auto sum = WriteCheckpoint(dir_ / ("run/" + rel),
+                                 MakeTinyHeadCheckpoint(40 + k, 5, UncertaintyHead::kGaussian));
       EXPECT_TRUE(sum.ok()) << sum.status().ToString();
       m.members.push_back({rel, *sum});
     }
     Calibration c;
     c.sigma_scale = sigma_scale;
     c.samples = 16;
-    m.calibration_json = CalibrationToJson(c, MakeTinyHeadCheckpoint(1, 1, UncertaintyHead::kGaussian).spec);
+    m.calibration_json =
+        CalibrationToJson(c, MakeTinyHeadCheckpoint(1, 1, UncertaintyHead::kGaussian).spec);
     EXPECT_TRUE(WriteEnsembleManifest(dir_ / "run/ensemble.json", m).ok());
     return dir_ / "run";
   }
@@ -128,7 +132,9 @@ class UncertaintyServerTest : public ::testing::Test {
 TEST_F(UncertaintyServerTest, FullHeadSigmaAndCovarianceEqualTheEngines) {
   const std::vector<double> scale = {1.5, 0.75, 2.0};
   const std::string path = dir_ / "full.h5";
-  ASSERT_TRUE(WriteCheckpoint(path, MakeTinyHeadCheckpoint(7, 3, UncertaintyHead::kGaussianFull, scale)).ok());
+  ASSERT_TRUE(
+      WriteCheckpoint(path, MakeTinyHeadCheckpoint(7, 3, UncertaintyHead::kGaussianFull, scale))
+          .ok());
   Start(path);
   const ModelSpec spec = ReadCheckpoint(path)->spec;
   for (uint64_t seed : {1, 2}) {
@@ -164,7 +170,8 @@ TEST_F(UncertaintyServerTest, EnsembleIsTheMixtureOfItsMembersOnEveryCubeOfABatc
   for (int c = 0; c < 3; ++c) {
     // By hand: member means and variances exp(log-variance), then the mixture's moments.
     std::vector<std::vector<float>> raws;
-    for (int k = 0; k < 3; ++k) raws.push_back(EngineRawOutput(run + "/members/m" + std::to_string(k) + ".h5", cubes[c]));
+    for (int k = 0; k < 3; ++k)
+      raws.push_back(EngineRawOutput(run + "/members/m" + std::to_string(k) + ".h5", cubes[c]));
     std::vector<double> mean(3, 0.0), cov(9, 0.0);
     for (const auto& r : raws)
       for (int i = 0; i < 3; ++i) mean[i] += r[i] / 3.0;
@@ -211,7 +218,8 @@ TEST_F(UncertaintyServerTest, BadEnsembleReloadKeepsTheOldModelAndNamesTheProble
   std::filesystem::rename(run + "/members/m2.h5", run + "/members/gone.h5");
   grpc::Status s = reload(run + "/missing.json");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(s.error_message().find("member 2 (members/m2.h5)"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("member 2 (members/m2.h5)"), std::string::npos)
+      << s.error_message();
   std::filesystem::rename(run + "/members/gone.h5", run + "/members/m2.h5");
   // A calibration factor that is not positive.
   auto m = ReadEnsembleManifest(run + "/ensemble.json");
