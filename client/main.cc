@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -32,23 +34,6 @@ enum ExitCode {
   kExitDeadline = 6,     // --timeout passed
   kExitNotServing = 7,   // health: the server answers but is not SERVING
 };
-
-constexpr char kUsage[] = R"(usage: cosmoflow-client [flags] predict|info|health [command flags]
-  predict  --npy FILE [--layout channel-first|channel-last]
-           --h5 FILE --dataset PATH [--index N]
-           --raw FILE --shape CxDxHxW|DxHxW --dtype int16|float32 [--layout ...]
-           [--json] [--request-id ID] [--model-version V]
-  info     [--json]        model version, spec, outputs, input shape
-  health   [--service S]   exit 0 if SERVING, 7 if not
-flags:
-  --address HOST:PORT      server (default 127.0.0.1:8500)
-  --timeout S              deadline per call (default 30)
-  --max-message-bytes N    receive/send limit (default 67108864)
-  --tls-ca PEM             use TLS, trusting this CA  [--tls-cert PEM --tls-key PEM] client certificate
-  --tls-server-name NAME   expected name in the server certificate (default: the host of --address)
-exit codes: 0 ok, 1 other error, 2 usage, 3 input file, 4 unavailable, 5 rejected by the server,
-            6 deadline exceeded, 7 not serving
-)";
 
 int Fail(int code, const std::string& message) {
   std::cerr << "cosmoflow-client: error: " << message << "\n";
@@ -254,49 +239,36 @@ std::string UncertaintyText(const v1::ModelInfo& info) {
   return t;
 }
 
-}  // namespace
+// ModelInfo's uncertainty fields, for info --json.
+void AddUncertaintyInfo(const v1::ModelInfo& info, nlohmann::json* j) {
+  (*j)["uncertainty"] = info.uncertainty().empty() ? "none" : info.uncertainty();
+  (*j)["uncertainty_head"] = info.uncertainty_head();
+  (*j)["ensemble_members"] = info.ensemble_members();
+  (*j)["calibration"] = std::vector<double>(info.calibration().begin(), info.calibration().end());
+  (*j)["calibration_samples"] = info.calibration_samples();
+  (*j)["prior_low"] = std::vector<double>(info.prior_low().begin(), info.prior_low().end());
+  (*j)["prior_high"] = std::vector<double>(info.prior_high().begin(), info.prior_high().end());
+  (*j)["member_checkpoints"] = std::vector<std::string>(info.member_checkpoints().begin(),
+                                                        info.member_checkpoints().end());
+}
 
-int main(int argc, char** argv) {
-  Flags flags({{"address", true},         {"timeout", true},    {"max-message-bytes", true},
-               {"tls-ca", true},          {"tls-cert", true},   {"tls-key", true},
-               {"tls-server-name", true}, {"npy", true},        {"h5", true},
-               {"dataset", true},         {"index", true},      {"raw", true},
-               {"shape", true},           {"dtype", true},      {"layout", true},
-               {"json", false},           {"request-id", true}, {"model-version", true},
-               {"service", true},         {"help", false}});
-  if (Status s = flags.Parse(argc, argv); !s.ok())
-    return Fail(kExitUsage, s.message() + " (see --help)");
-  if (flags.Has("help")) {
-    std::cout << kUsage;
-    return kExitOk;
-  }
-  if (flags.positional().size() != 1)
-    return Fail(kExitUsage, "expected one command: predict, info or health (see --help)");
-  const std::string command = flags.positional()[0];
-  if (command != "predict" && command != "info" && command != "health")
-    return Fail(kExitUsage, "unknown command '" + command + "' (predict, info or health)");
+// The flags every command shares, checked once.
+struct CallOptions {
+  const Flags& flags;
+  double timeout_s = 30;
+  int64_t max_message_bytes = 64 << 20;
+  bool json = false;
+};
 
-  auto timeout = flags.GetDouble("timeout", 30);
-  auto max_message = flags.GetInt("max-message-bytes", 64 << 20);
-  if (!timeout.ok()) return Fail(kExitUsage, timeout.status().message());
-  if (!max_message.ok()) return Fail(kExitUsage, max_message.status().message());
-  if (*timeout <= 0) return Fail(kExitUsage, "--timeout must be positive");
-
-  // Read the input before connecting: a bad file is the user's error, not the server's.
-  v1::PredictRequest request;
-  if (command == "predict") {
-    bool usage = false;
-    if (Status s = LoadCube(flags, &request, &usage); !s.ok())
-      return Fail(usage ? kExitUsage : kExitInput, s.message());
-    request.set_request_id(flags.Get("request-id"));
-    request.set_model_version(flags.Get("model-version"));
-  }
-
+// The channel to --address, with TLS when --tls-* is given. Returns kExitOk, or the exit code of a
+// bad flag or an unreadable TLS file (after printing why).
+int Connect(const CallOptions& call, std::shared_ptr<grpc::Channel>* channel) {
+  const Flags& flags = call.flags;
   const std::string address = flags.Get("address", "127.0.0.1:8500");
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(int(*max_message));
-  args.SetMaxSendMessageSize(int(*max_message));
+  args.SetMaxReceiveMessageSize(int(call.max_message_bytes));
+  args.SetMaxSendMessageSize(int(call.max_message_bytes));
   if (flags.Has("tls-ca") || flags.Has("tls-cert") || flags.Has("tls-key")) {
     grpc::SslCredentialsOptions ssl;
     if (flags.Has("tls-ca")) {
@@ -317,84 +289,89 @@ int main(int argc, char** argv) {
     creds = grpc::SslCredentials(ssl);
     if (flags.Has("tls-server-name")) args.SetSslTargetNameOverride(flags.Get("tls-server-name"));
   }
-  auto channel = grpc::CreateCustomChannel(address, creds, args);
+  *channel = grpc::CreateCustomChannel(address, creds, args);
+  return kExitOk;
+}
+
+void SetDeadline(const CallOptions& call, grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(int64_t(call.timeout_s * 1000)));
+}
+
+int RunHealth(const CallOptions& call) {
+  std::shared_ptr<grpc::Channel> channel;
+  if (int code = Connect(call, &channel); code != kExitOk) return code;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(int64_t(*timeout * 1000)));
-  const bool json = flags.Has("json");
-
-  if (command == "health") {
-    auto stub = grpc::health::v1::Health::NewStub(channel);
-    grpc::health::v1::HealthCheckRequest req;
-    req.set_service(flags.Get("service"));
-    grpc::health::v1::HealthCheckResponse resp;
-    grpc::Status s = stub->Check(&ctx, req, &resp);
-    if (!s.ok()) return RpcFail(s);
-    std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
-    return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk
-                                                                           : kExitNotServing;
-  }
-
-  auto stub = v1::CosmoFlow::NewStub(channel);
-  if (command == "info") {
-    v1::ModelInfo info;
-    grpc::Status s = stub->GetModelInfo(&ctx, {}, &info);
-    if (!s.ok()) return RpcFail(s);
-    if (json) {
-      nlohmann::json j;
-      j["version"] = info.version();
-      j["checksum"] = info.checksum();
-      j["spec_name"] = info.spec_name();
-      j["input_shape"] = std::vector<int64_t>(info.input_shape().begin(), info.input_shape().end());
-      j["input_transform"] = info.input_transform();
-      j["num_parameters"] = info.num_parameters();
-      j["step"] = info.step();
-      j["epoch"] = info.epoch();
-      j["checkpoint_path"] = info.checkpoint_path();
-      j["max_batch"] = info.max_batch();
-      j["max_message_bytes"] = info.max_message_bytes();
-      j["precision"] = info.precision();
-      j["uncertainty"] = info.uncertainty().empty() ? "none" : info.uncertainty();
-      j["uncertainty_head"] = info.uncertainty_head();
-      j["ensemble_members"] = info.ensemble_members();
-      j["calibration"] = std::vector<double>(info.calibration().begin(), info.calibration().end());
-      j["calibration_samples"] = info.calibration_samples();
-      j["prior_low"] = std::vector<double>(info.prior_low().begin(), info.prior_low().end());
-      j["prior_high"] = std::vector<double>(info.prior_high().begin(), info.prior_high().end());
-      j["member_checkpoints"] =
-          std::vector<std::string>(info.member_checkpoints().begin(), info.member_checkpoints().end());
-      j["outputs"] = nlohmann::json::array();
-      for (const auto& o : info.outputs())
-        j["outputs"].push_back(
-            {{"name", o.name()}, {"unit", o.unit()}, {"offset", o.offset()}, {"scale", o.scale()}});
-      j["provenance"] =
-          std::map<std::string, std::string>(info.provenance().begin(), info.provenance().end());
-      std::cout << j.dump(2) << "\n";
-    } else {
-      std::string shape;
-      for (int i = 0; i < info.input_shape_size(); ++i)
-        shape += (i ? "x" : "") + std::to_string(info.input_shape(i));
-      std::cout << "version          " << info.version() << "\n"
-                << "spec             " << info.spec_name() << " (" << info.num_parameters()
-                << " weights)\n"
-                << "input            " << shape << " int16|float32, transform "
-                << info.input_transform() << "\n"
-                << "outputs         ";
-      for (const auto& o : info.outputs())
-        std::cout << " " << o.name() << (o.unit().empty() ? "" : " [" + o.unit() + "]");
-      std::cout << "\n"
-                << "checkpoint       " << info.checkpoint_path() << " (step " << info.step()
-                << ", checksum " << info.checksum() << ")\n"
-                << "serving          max batch " << info.max_batch() << ", " << info.precision()
-                << "\n"
-                << "uncertainty      " << UncertaintyText(info) << "\n";
-    }
-    return kExitOk;
-  }
-
-  v1::PredictResponse resp;
-  grpc::Status s = stub->Predict(&ctx, request, &resp);
+  SetDeadline(call, &ctx);
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(call.flags.Get("service"));
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = stub->Check(&ctx, req, &resp);
   if (!s.ok()) return RpcFail(s);
+  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk
+                                                                         : kExitNotServing;
+}
+
+void PrintModelInfo(const v1::ModelInfo& info, bool json) {
+  if (json) {
+    nlohmann::json j;
+    j["version"] = info.version();
+    j["checksum"] = info.checksum();
+    j["spec_name"] = info.spec_name();
+    j["input_shape"] = std::vector<int64_t>(info.input_shape().begin(), info.input_shape().end());
+    j["input_transform"] = info.input_transform();
+    j["num_parameters"] = info.num_parameters();
+    j["step"] = info.step();
+    j["epoch"] = info.epoch();
+    j["checkpoint_path"] = info.checkpoint_path();
+    j["max_batch"] = info.max_batch();
+    j["max_message_bytes"] = info.max_message_bytes();
+    j["precision"] = info.precision();
+    j["outputs"] = nlohmann::json::array();
+    for (const auto& o : info.outputs())
+      j["outputs"].push_back(
+          {{"name", o.name()}, {"unit", o.unit()}, {"offset", o.offset()}, {"scale", o.scale()}});
+    j["provenance"] =
+        std::map<std::string, std::string>(info.provenance().begin(), info.provenance().end());
+    AddUncertaintyInfo(info, &j);
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::string shape;
+  for (int i = 0; i < info.input_shape_size(); ++i)
+    shape += (i ? "x" : "") + std::to_string(info.input_shape(i));
+  std::cout << "version          " << info.version() << "\n"
+            << "spec             " << info.spec_name() << " (" << info.num_parameters()
+            << " weights)\n"
+            << "input            " << shape << " int16|float32, transform "
+            << info.input_transform() << "\n"
+            << "outputs         ";
+  for (const auto& o : info.outputs())
+    std::cout << " " << o.name() << (o.unit().empty() ? "" : " [" + o.unit() + "]");
+  std::cout << "\n"
+            << "checkpoint       " << info.checkpoint_path() << " (step " << info.step()
+            << ", checksum " << info.checksum() << ")\n"
+            << "serving          max batch " << info.max_batch() << ", " << info.precision()
+            << "\n"
+            << "uncertainty      " << UncertaintyText(info) << "\n";
+}
+
+int RunInfo(const CallOptions& call) {
+  std::shared_ptr<grpc::Channel> channel;
+  if (int code = Connect(call, &channel); code != kExitOk) return code;
+  grpc::ClientContext ctx;
+  SetDeadline(call, &ctx);
+  auto stub = v1::CosmoFlow::NewStub(channel);
+  v1::ModelInfo info;
+  grpc::Status s = stub->GetModelInfo(&ctx, {}, &info);
+  if (!s.ok()) return RpcFail(s);
+  PrintModelInfo(info, call.json);
+  return kExitOk;
+}
+
+void PrintPrediction(const v1::PredictResponse& resp, bool json) {
   if (json) {
     nlohmann::ordered_json j;
     j["request_id"] = resp.request_id();
@@ -405,12 +382,116 @@ int main(int argc, char** argv) {
                     {"total_seconds", resp.timings().total_seconds()},
                     {"batch_size", resp.timings().batch_size()}};
     std::cout << j.dump(2) << "\n";
-  } else {
-    PrintPredictionTable(resp);
-    std::printf("model %s, batch %d, queue %.4f s, compute %.4f s, server total %.4f s\n",
-                resp.model_version().c_str(), resp.timings().batch_size(),
-                resp.timings().queue_seconds(), resp.timings().compute_seconds(),
-                resp.timings().total_seconds());
+    return;
   }
+  PrintPredictionTable(resp);
+  std::printf("model %s, batch %d, queue %.4f s, compute %.4f s, server total %.4f s\n",
+              resp.model_version().c_str(), resp.timings().batch_size(),
+              resp.timings().queue_seconds(), resp.timings().compute_seconds(),
+              resp.timings().total_seconds());
+}
+
+int RunPredict(const CallOptions& call) {
+  // Read the input before connecting: a bad file is the user's error, not the server's.
+  v1::PredictRequest request;
+  bool usage = false;
+  if (Status s = LoadCube(call.flags, &request, &usage); !s.ok())
+    return Fail(usage ? kExitUsage : kExitInput, s.message());
+  request.set_request_id(call.flags.Get("request-id"));
+  request.set_model_version(call.flags.Get("model-version"));
+  std::shared_ptr<grpc::Channel> channel;
+  if (int code = Connect(call, &channel); code != kExitOk) return code;
+  grpc::ClientContext ctx;
+  SetDeadline(call, &ctx);
+  auto stub = v1::CosmoFlow::NewStub(channel);
+  v1::PredictResponse resp;
+  grpc::Status s = stub->Predict(&ctx, request, &resp);
+  if (!s.ok()) return RpcFail(s);
+  PrintPrediction(resp, call.json);
   return kExitOk;
+}
+
+// The subcommands: name, their lines of the usage text, handler (returns the exit code).
+struct Command {
+  const char* name;
+  const char* usage;
+  int (*run)(const CallOptions& call);
+};
+constexpr Command kCommands[] = {
+    {"predict",
+     "  predict  --npy FILE [--layout channel-first|channel-last]\n"
+     "           --h5 FILE --dataset PATH [--index N]\n"
+     "           --raw FILE --shape CxDxHxW|DxHxW --dtype int16|float32 [--layout ...]\n"
+     "           [--json] [--request-id ID] [--model-version V]\n",
+     RunPredict},
+    {"info", "  info     [--json]        model version, spec, outputs, input shape\n", RunInfo},
+    {"health", "  health   [--service S]   exit 0 if SERVING, 7 if not\n", RunHealth},
+};
+
+constexpr char kFlagsUsage[] = R"(flags:
+  --address HOST:PORT      server (default 127.0.0.1:8500)
+  --timeout S              deadline per call (default 30)
+  --max-message-bytes N    receive/send limit (default 67108864)
+  --tls-ca PEM             use TLS, trusting this CA  [--tls-cert PEM --tls-key PEM] client certificate
+  --tls-server-name NAME   expected name in the server certificate (default: the host of --address)
+exit codes: 0 ok, 1 other error, 2 usage, 3 input file, 4 unavailable, 5 rejected by the server,
+            6 deadline exceeded, 7 not serving
+)";
+
+// "predict|info|health" with separator "|", or "predict, info or health".
+std::string CommandNames(const char* separator, const char* last_separator) {
+  std::string names;
+  const size_t n = std::size(kCommands);
+  for (size_t i = 0; i < n; ++i)
+    names += (i == 0       ? ""
+              : i + 1 == n ? last_separator
+                           : separator) +
+             std::string(kCommands[i].name);
+  return names;
+}
+
+std::string UsageText() {
+  std::string text =
+      "usage: cosmoflow-client [flags] " + CommandNames("|", "|") + " [command flags]\n";
+  for (const Command& c : kCommands) text += c.usage;
+  return text + kFlagsUsage;
+}
+
+const Command* FindCommand(const std::string& name) {
+  for (const Command& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags({{"address", true},         {"timeout", true},    {"max-message-bytes", true},
+               {"tls-ca", true},          {"tls-cert", true},   {"tls-key", true},
+               {"tls-server-name", true}, {"npy", true},        {"h5", true},
+               {"dataset", true},         {"index", true},      {"raw", true},
+               {"shape", true},           {"dtype", true},      {"layout", true},
+               {"json", false},           {"request-id", true}, {"model-version", true},
+               {"service", true},         {"help", false}});
+  if (Status s = flags.Parse(argc, argv); !s.ok())
+    return Fail(kExitUsage, s.message() + " (see --help)");
+  if (flags.Has("help")) {
+    std::cout << UsageText();
+    return kExitOk;
+  }
+  if (flags.positional().size() != 1)
+    return Fail(kExitUsage,
+                "expected one command: " + CommandNames(", ", " or ") + " (see --help)");
+  const std::string name = flags.positional()[0];
+  const Command* command = FindCommand(name);
+  if (command == nullptr)
+    return Fail(kExitUsage, "unknown command '" + name + "' (" + CommandNames(", ", " or ") + ")");
+
+  auto timeout = flags.GetDouble("timeout", 30);
+  auto max_message = flags.GetInt("max-message-bytes", 64 << 20);
+  if (!timeout.ok()) return Fail(kExitUsage, timeout.status().message());
+  if (!max_message.ok()) return Fail(kExitUsage, max_message.status().message());
+  if (*timeout <= 0) return Fail(kExitUsage, "--timeout must be positive");
+  CallOptions call{flags, *timeout, *max_message, flags.Has("json")};
+  return command->run(call);
 }

@@ -1,8 +1,8 @@
 #include "server/batcher.h"
 
-#include <algorithm>
-
 #include <omp.h>
+
+#include <algorithm>
 
 #include "core/base/log.h"
 
@@ -97,10 +97,11 @@ void Batcher::EndPrepare() {
 void Batcher::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && !worker_.joinable()) return;
     stopping_ = true;
   }
   cv_.notify_all();
+  // worker_ itself is touched only under join_mu_, so concurrent Stop() calls join it once.
+  std::lock_guard<std::mutex> lock(join_mu_);
   if (worker_.joinable()) worker_.join();
 }
 
@@ -152,7 +153,18 @@ void Batcher::WorkerLoop() {
 void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
   const auto start = std::chrono::steady_clock::now();
   std::shared_ptr<Model> model = this->model();
+  std::vector<InferenceRequest*> computed = AnswerUncomputable(batch, model.get(), start);
+  if (computed.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    computing_ = 0;
+    return;
+  }
+  Compute(computed, model, start);
+}
 
+std::vector<InferenceRequest*> Batcher::AnswerUncomputable(
+    std::vector<std::unique_ptr<InferenceRequest>>& batch, const Model* model,
+    std::chrono::steady_clock::time_point start) {
   // Answer what must not be computed: expired, cancelled, or no model.
   const auto wall_now = std::chrono::system_clock::now();
   std::vector<InferenceRequest*> live;
@@ -173,19 +185,9 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
       live.push_back(r.get());
     }
   }
-  if (live.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    computing_ = 0;
-    return;
-  }
-
-  // The cubes are transformed here, straight into the batch (an int16 log1p cube by table lookup,
-  // 0.7 ms per 128^3), rather than on the gRPC threads into a copy of their own: that saved an
-  // 8 MiB allocation and copy per cube, and on two cores any work beside the forward pass preempts
-  // one of its two OpenMP threads, which the other then waits for at every barrier. A request
-  // validated against an earlier model is refused if a reload changed the input shape meanwhile.
-  const int64_t elements = model->input_elements();
-  const int p = model->num_outputs();
+  if (live.empty()) return live;
+  // A request validated against an earlier model is refused if a reload changed the input shape
+  // meanwhile.
   const ModelSpec& spec = model->spec();
   const CubeShape want{spec.input_channels, spec.input_side, spec.input_side, spec.input_side};
   std::vector<InferenceRequest*> computed;
@@ -199,11 +201,19 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
           {});
     }
   }
-  if (computed.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    computing_ = 0;
-    return;
-  }
+  return computed;
+}
+
+void Batcher::Compute(const std::vector<InferenceRequest*>& computed,
+                      const std::shared_ptr<Model>& model,
+                      std::chrono::steady_clock::time_point start) {
+  // The cubes are transformed here, straight into the batch, rather than on the gRPC threads into
+  // a copy of their own: no allocation and copy of a cube per request, and on two cores any work
+  // beside the forward pass preempts one of its OpenMP threads, which the other then waits for at
+  // every barrier.
+  const int64_t elements = model->input_elements();
+  const int p = model->num_outputs();
+  const InputTransform transform = model->spec().input_transform;
   batch_input_.resize(computed.size() * size_t(elements));
   batch_output_.resize(computed.size() * size_t(p));
   const bool with_cov = model->has_uncertainty();
@@ -211,7 +221,7 @@ void Batcher::RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
   const int threads = std::min<int>(int(computed.size()), omp_get_max_threads());
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (size_t i = 0; i < computed.size(); ++i)
-    CubeToNetworkInput(computed[i]->cube, spec.input_transform, batch_input_.data() + i * elements);
+    CubeToNetworkInput(computed[i]->cube, transform, batch_input_.data() + i * elements);
   const int m = int(computed.size());
   const auto compute_start = std::chrono::steady_clock::now();
   // Every member of an ensemble runs this same batch (Model::Forward).

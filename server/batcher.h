@@ -48,13 +48,13 @@ struct InferenceRequest {
 struct BatcherOptions {
   int max_batch = 4;
   // Negative = automatic: 10% of the model's batch-1 forward time (at most 100 ms), so waiting for
-  // company costs a lone request at most 10% latency (0.1 ms for a 32^3 test model, about 50 ms
-  // for SC18 at 128^3 on two cores, where 4 MiB requests take tens of ms to arrive).
+  // company costs a lone request at most 10% latency, and scales with the model: large cubes take
+  // long to arrive, and a small model must not wait as long as a large one.
   std::chrono::microseconds max_queue_delay{-1};
   int max_queue = 64;  // requests waiting (not counting the batch being computed)
   // When the queue delay has passed but requests are still being received and validated on gRPC
-  // threads (128^3 cubes take milliseconds), the batch waits for them up to this much longer: on two
-  // cores a fuller batch is worth far more than a few ms. 0 = never wait for them.
+  // threads (128^3 cubes take milliseconds), the batch waits for them up to this much longer: on
+  // two cores a fuller batch is worth far more than a few ms. 0 = never wait for them.
   std::chrono::microseconds max_prepare_wait{50000};
   // Adaptive early flush: a batch leaves as soon as it holds as many cubes as were recently
   // outstanding at once (queued + being prepared + being computed, peak over the last few
@@ -90,6 +90,14 @@ class Batcher {
  private:
   void WorkerLoop();
   void RunBatch(std::vector<std::unique_ptr<InferenceRequest>>& batch);
+  // Answers the requests that must not be computed (expired, cancelled, no model, a shape the
+  // model no longer takes) and returns the others.
+  std::vector<InferenceRequest*> AnswerUncomputable(
+      std::vector<std::unique_ptr<InferenceRequest>>& batch, const Model* model,
+      std::chrono::steady_clock::time_point start);
+  // Transforms `computed` into the batch input, runs the model and answers them.
+  void Compute(const std::vector<InferenceRequest*>& computed, const std::shared_ptr<Model>& model,
+               std::chrono::steady_clock::time_point start);
 
   const BatcherOptions options_;
   Metrics* metrics_;
@@ -109,6 +117,7 @@ class Batcher {
   std::vector<float> batch_input_;   // worker only
   std::vector<float> batch_output_;  // worker only
   std::vector<double> batch_cov_;    // worker only
+  std::mutex join_mu_;               // guards worker_ (joined by Stop)
   std::thread worker_;
 };
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "core/base/flags.h"
@@ -47,11 +48,21 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-}  // namespace
+// What the command line asks for.
+struct CommandLine {
+  cosmoflow::ServerOptions options;
+  std::chrono::milliseconds drain{30000};  // how long in-flight requests may take on SIGTERM
+  std::optional<std::string> port_file, metrics_port_file;  // --port-file, --metrics-port-file
+};
 
-int main(int argc, char** argv) {
+int UsageError(const std::string& message) {
+  std::cerr << "cosmoflow-server: " << message << "\n" << kUsage;
+  return 2;
+}
+
+// Parses the flags into *cl. Returns the exit code when the program ends here (--help, bad flags).
+std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   using namespace cosmoflow;
-  LimitMallocArenas();
   Flags flags({{"checkpoint", true},
                {"address", true},
                {"metrics-address", true},
@@ -70,20 +81,16 @@ int main(int argc, char** argv) {
                {"port-file", true},
                {"metrics-port-file", true},
                {"help", false}});
-  auto usage_error = [](const std::string& message) {
-    std::cerr << "cosmoflow-server: " << message << "\n" << kUsage;
-    return 2;
-  };
-  if (Status s = flags.Parse(argc, argv); !s.ok()) return usage_error(s.message());
+  if (Status s = flags.Parse(argc, argv); !s.ok()) return UsageError(s.message());
   if (flags.Has("help")) {
     std::cout << kUsage;
     return 0;
   }
   if (!flags.positional().empty())
-    return usage_error("unexpected argument '" + flags.positional()[0] + "'");
-  if (!flags.Has("checkpoint")) return usage_error("--checkpoint is required");
+    return UsageError("unexpected argument '" + flags.positional()[0] + "'");
+  if (!flags.Has("checkpoint")) return UsageError("--checkpoint is required");
 
-  ServerOptions options;
+  ServerOptions& options = cl->options;
   options.checkpoint = flags.Get("checkpoint");
   options.address = flags.Get("address", "0.0.0.0:8500");
   options.metrics_address = flags.Get("metrics-address", "0.0.0.0:9464");
@@ -101,10 +108,10 @@ int main(int argc, char** argv) {
   for (const Status& s :
        {max_batch.status(), delay_ms.status(), prepare_ms.status(), max_queue.status(),
         max_message.status(), watch_ms.status(), drain_s.status(), precision.status()})
-    if (!s.ok()) return usage_error(s.message());
+    if (!s.ok()) return UsageError(s.message());
   if ((*delay_ms < 0 && flags.Has("max-queue-delay-ms")) || *prepare_ms < 0 || *watch_ms < 0 ||
       *drain_s < 0)
-    return usage_error("durations must not be negative");
+    return UsageError("durations must not be negative");
   options.max_batch = int(*max_batch);
   options.max_queue_delay = std::chrono::microseconds(int64_t(*delay_ms * 1000));
   options.max_queue = int(*max_queue);
@@ -113,24 +120,17 @@ int main(int argc, char** argv) {
   options.max_message_bytes = *max_message;
   options.watch_interval = std::chrono::milliseconds(*watch_ms);
   options.precision = *precision;
-  const auto drain = std::chrono::milliseconds(int64_t(*drain_s * 1000));
+  cl->drain = std::chrono::milliseconds(int64_t(*drain_s * 1000));
+  if (flags.Has("port-file")) cl->port_file = flags.Get("port-file");
+  if (flags.Has("metrics-port-file")) cl->metrics_port_file = flags.Get("metrics-port-file");
+  return std::nullopt;
+}
 
-  // Signals go to one thread that waits for them (blocked everywhere else, including the threads
-  // gRPC and OpenMP create later, which inherit this mask).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  auto server = InferenceServer::Start(options);
-  if (!server.ok()) {
-    std::cerr << "cosmoflow-server: cannot start: " << server.status().message() << "\n";
-    return 3;
-  }
-  InferenceServer* s = server->get();
-  std::thread signal_thread([s, signals, drain] {
+// The thread that waits for the signals (blocked in every other thread): SIGHUP reloads;
+// SIGTERM/SIGINT drain and stop the server, and end the thread.
+std::thread StartSignalThread(cosmoflow::InferenceServer* s, const sigset_t& signals,
+                              std::chrono::milliseconds drain) {
+  return std::thread([s, signals, drain] {
     for (;;) {
       int sig = 0;
       if (sigwait(&signals, &sig) != 0) continue;
@@ -144,14 +144,42 @@ int main(int argc, char** argv) {
       return;
     }
   });
+}
 
-  if (flags.Has("port-file") && !WriteFile(flags.Get("port-file"), std::to_string(s->port()))) {
-    CF_LOG(WARNING) << "cannot write --port-file " << flags.Get("port-file");
+void WritePortFiles(const CommandLine& cl, const cosmoflow::InferenceServer& s) {
+  if (cl.port_file && !WriteFile(*cl.port_file, std::to_string(s.port()))) {
+    CF_LOG(WARNING) << "cannot write --port-file " << *cl.port_file;
   }
-  if (flags.Has("metrics-port-file") &&
-      !WriteFile(flags.Get("metrics-port-file"), std::to_string(s->metrics_port()))) {
-    CF_LOG(WARNING) << "cannot write --metrics-port-file " << flags.Get("metrics-port-file");
+  if (cl.metrics_port_file && !WriteFile(*cl.metrics_port_file, std::to_string(s.metrics_port()))) {
+    CF_LOG(WARNING) << "cannot write --metrics-port-file " << *cl.metrics_port_file;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace cosmoflow;
+  LimitMallocArenas();
+  CommandLine cl;
+  if (std::optional<int> code = ParseCommandLine(argc, argv, &cl)) return *code;
+
+  // Signals go to one thread that waits for them (blocked everywhere else, including the threads
+  // gRPC and OpenMP create later, which inherit this mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = InferenceServer::Start(cl.options);
+  if (!server.ok()) {
+    std::cerr << "cosmoflow-server: cannot start: " << server.status().message() << "\n";
+    return 3;
+  }
+  InferenceServer* s = server->get();
+  std::thread signal_thread = StartSignalThread(s, signals, cl.drain);
+  WritePortFiles(cl, *s);
 
   int exit_code = 0;
   if (Status st = s->LoadInitialModel(); !st.ok()) {

@@ -25,6 +25,56 @@ std::string ModelVersion(const Checkpoint& checkpoint) {
 
 namespace {
 
+// The batch sizes to build, largest first: max_batch and the powers of two below it.
+std::vector<int> BatchSizes(int max_batch) {
+  std::vector<int> sizes{max_batch};
+  for (int b = 1; b < max_batch; b *= 2) sizes.push_back(b);
+  std::sort(sizes.begin(), sizes.end(), std::greater<int>());
+  return sizes;
+}
+
+// Time of one warm forward pass: the fastest of up to 3 passes within about a second, since a
+// busy machine makes single passes slow at random.
+double TimeForwardPass(Network& net, const float* src, float* dst) {
+  double fastest = 1e9;
+  const auto timing_start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    net.Forward(src, dst);
+    const auto t1 = std::chrono::steady_clock::now();
+    fastest = std::min(fastest, std::chrono::duration<double>(t1 - t0).count());
+    if (t1 - timing_start > std::chrono::seconds(1)) break;
+  }
+  return fastest;
+}
+
+// An inference network for batch n with `weights`, warmed up on zero cubes (`elements` floats each,
+// `outputs` values out). For n = 1 also times a pass into *forward1_seconds (what one cube costs,
+// for the batcher's automatic delay).
+StatusOr<std::unique_ptr<Network>> BuildWarmNetwork(const ModelSpec& spec,
+                                                    const std::vector<NamedTensor>& weights, int n,
+                                                    Precision precision, int64_t elements,
+                                                    int outputs, double* forward1_seconds) {
+  NetworkOptions net_options;
+  net_options.batch = n;
+  net_options.precision = precision;
+  net_options.training = false;
+  auto net = Network::Create(spec, net_options);
+  if (!net.ok())
+    return net.status().WithContext("building the network for batch " + std::to_string(n));
+  CF_RETURN_IF_ERROR((*net)->LoadParameters(weights));
+  // Warm-up: the first pass pays for page faults and JIT; outputs must be finite or the
+  // checkpoint is refused (a diverged model must not replace a working one).
+  std::vector<float> warm_src(size_t(n) * elements, 0.f);
+  std::vector<float> warm_dst(size_t(n) * outputs, 0.f);
+  (*net)->Forward(warm_src.data(), warm_dst.data());
+  if (n == 1) *forward1_seconds = TimeForwardPass(**net, warm_src.data(), warm_dst.data());
+  for (float v : warm_dst)
+    if (!std::isfinite(v))
+      return DataLossError("warm-up forward pass gave a non-finite output (diverged weights?)");
+  return std::move(net).value();
+}
+
 // The checkpoints `path` stands for: one (a file, or a directory's newest valid one), or an
 // ensemble's members with the manifest's calibration and checksum.
 struct Source {
@@ -120,46 +170,18 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& path, const Mode
 
 Status Model::BuildMember(const Checkpoint& ckpt, const std::string& file) {
   const ModelSpec& spec = ckpt.spec;
-  const int64_t elements = int64_t{spec.input_channels} * spec.input_side * spec.input_side * spec.input_side;
-  const int w = spec.NetworkOutputs();
-  std::vector<float> warm_src, warm_dst;
-  std::vector<int> sizes{options_.max_batch};
-  for (int b = 1; b < options_.max_batch; b *= 2) sizes.push_back(b);
-  std::sort(sizes.begin(), sizes.end(), std::greater<int>());
+  const int64_t elements =
+      int64_t{spec.input_channels} * spec.input_side * spec.input_side * spec.input_side;
   Member member;
-  for (int n : sizes) {
-    NetworkOptions net_options;
-    net_options.batch = n;
-    net_options.precision = options_.precision;
-    net_options.training = false;
-    auto net = Network::Create(spec, net_options);
-    if (!net.ok()) return net.status().WithContext("building the network for batch " + std::to_string(n));
-    CF_RETURN_IF_ERROR((*net)->LoadParameters(ckpt.weights));
-    // Warm-up: the first pass pays for page faults and JIT; outputs must be finite or the
-    // checkpoint is refused (a diverged model must not replace a working one).
-    warm_src.assign(size_t(n) * elements, 0.f);
-    warm_dst.assign(size_t(n) * w, 0.f);
-    (*net)->Forward(warm_src.data(), warm_dst.data());
-    if (n == 1) {
-      // Timed passes once warm: what one cube costs (for the batcher's automatic delay), summed
-      // over an ensemble's members. The fastest of up to 3 passes within about a second, since a
-      // busy machine makes single passes slow at random.
-      double best = 1e9;
-      const auto timing_start = std::chrono::steady_clock::now();
-      for (int pass = 0; pass < 3; ++pass) {
-        const auto t0 = std::chrono::steady_clock::now();
-        (*net)->Forward(warm_src.data(), warm_dst.data());
-        const auto t1 = std::chrono::steady_clock::now();
-        best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-        if (t1 - timing_start > std::chrono::seconds(1)) break;
-      }
-      forward1_seconds_ += best;
-    }
-    for (float v : warm_dst)
-      if (!std::isfinite(v))
-        return DataLossError(file + ": warm-up forward pass gave a non-finite output (diverged weights?)");
+  double forward1 = 0;
+  for (int n : BatchSizes(options_.max_batch)) {
+    auto net = BuildWarmNetwork(spec, ckpt.weights, n, options_.precision, elements,
+                                spec.NetworkOutputs(), &forward1);
+    if (!net.ok()) return net.status().WithContext(file);
     member.networks.push_back(std::move(*net));
   }
+  // What one cube costs, for the batcher's automatic delay: every member's pass.
+  forward1_seconds_ += forward1;
   members_.push_back(std::move(member));
   return Status::Ok();
 }

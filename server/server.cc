@@ -537,16 +537,25 @@ Status InferenceServer::Install(std::shared_ptr<Model> model) {
 }
 
 Status InferenceServer::LoadInitialModel() {
-  bool changed = false;
-  auto model = Reload(options_.checkpoint, &changed);
-  if (!model.ok()) return model.status();
-  last_latest_ = ReadLatestPointer();
+  {
+    // The watcher starts once a model is installed; it must then see the LATEST that this load
+    // served, not an empty one (which would reload the same checkpoint again).
+    std::lock_guard<std::mutex> lock(reload_mu_);
+    auto model = ReloadLocked(options_.checkpoint, nullptr);
+    if (!model.ok()) return model.status();
+    last_latest_ = ReadLatestPointer();
+  }
   SetServing(true);
   return Status::Ok();
 }
 
 StatusOr<std::shared_ptr<Model>> InferenceServer::Reload(const std::string& path, bool* changed) {
   std::lock_guard<std::mutex> lock(reload_mu_);
+  return ReloadLocked(path, changed);
+}
+
+StatusOr<std::shared_ptr<Model>> InferenceServer::ReloadLocked(const std::string& path,
+                                                               bool* changed) {
   const std::string& target = path.empty() ? options_.checkpoint : path;
   if (changed) *changed = false;
   std::shared_ptr<Model> current = batcher_->model();
@@ -623,20 +632,25 @@ void InferenceServer::ReloadLoop() {
     if (stop_reload_thread_) break;
     if (!batcher_->model()) continue;  // the initial load has not happened yet
     lock.unlock();
-    if (reload_requested_.exchange(false)) {
-      CF_LOG(INFO) << "reload requested (SIGHUP): " << options_.checkpoint;
-      (void)Reload("");
-      last_latest_ = ReadLatestPointer();
-    } else if (options_.watch_interval.count() > 0) {
-      std::string latest = ReadLatestPointer();
-      if (!latest.empty() && latest != last_latest_) {
-        CF_LOG(INFO) << "LATEST in " << options_.checkpoint << " now names " << latest
-                     << ": reloading";
-        last_latest_ = latest;  // a bad checkpoint is tried once, not every interval
-        (void)Reload("");
-      }
-    }
+    WatchOnce();
     lock.lock();
+  }
+}
+
+void InferenceServer::WatchOnce() {
+  std::lock_guard<std::mutex> lock(reload_mu_);
+  if (reload_requested_.exchange(false)) {
+    CF_LOG(INFO) << "reload requested (SIGHUP): " << options_.checkpoint;
+    (void)ReloadLocked("", nullptr);
+    last_latest_ = ReadLatestPointer();
+  } else if (options_.watch_interval.count() > 0) {
+    std::string latest = ReadLatestPointer();
+    if (!latest.empty() && latest != last_latest_) {
+      CF_LOG(INFO) << "LATEST in " << options_.checkpoint << " now names " << latest
+                   << ": reloading";
+      last_latest_ = latest;  // a bad checkpoint is tried once, not every interval
+      (void)ReloadLocked("", nullptr);
+    }
   }
 }
 

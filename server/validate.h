@@ -4,7 +4,7 @@
 // message naming the field and the problem otherwise (wrong rank or extents for the model, unknown
 // dtype or layout value, byte length that does not match the shape, NaN/Inf or negative values).
 // It never reads outside `cube.data()` and never aborts, whatever the bytes: the fuzz test
-// (tests/server/validate_fuzz_test.cc) feeds it random messages.
+// (tests/server/validate_test.cc) feeds it random messages.
 //
 // Thread-safe (pure functions).
 #pragma once

@@ -18,9 +18,10 @@ constexpr char kUsage[] =
     "Exit status: 0 all imported, 1 error (nothing after it imported), 2 bad usage,\n"
     "3 finished but corrupt records were skipped (--skip-corrupt).\n";
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Parses argv into the import options and the input files. With --help, *usage gets the flag
+// table and nothing is checked.
+StatusOr<ImportOptions> ParseImportFlags(int argc, char** argv, std::vector<std::string>* files,
+                                         std::string* usage) {
   std::string out, files_from, prefix, report;
   int64_t files_per_shard = 64, compress = 0, side = 128, first_file_number = 0;
   bool skip_corrupt = false, quiet = false, help = false;
@@ -39,30 +40,21 @@ int main(int argc, char** argv) {
   flags.AddInt("side", &side, "expected cube side (default 128)");
   flags.AddBool("quiet", &quiet, "no progress lines");
   flags.AddBool("help", &help, "this text");
-  std::vector<std::string> files;
-  Status s = flags.Parse(argc, argv, &files);
+  Status s = flags.Parse(argc, argv, files);
   if (help) {
-    std::fprintf(stdout, "%s\n%s", kUsage, flags.Usage().c_str());
-    return 0;
+    *usage = flags.Usage();
+    return ImportOptions();
   }
-  if (s.ok() && out.empty()) s = InvalidArgumentError("--out DIR is required");
-  if (s.ok() && !files_from.empty()) {
-    auto list = ReadFileList(files_from);
-    if (!list.ok()) {
-      s = list.status();
-    } else {
-      files.insert(files.end(), list->begin(), list->end());
-    }
+  CF_RETURN_IF_ERROR(s);
+  if (out.empty()) return InvalidArgumentError("--out DIR is required");
+  if (!files_from.empty()) {
+    CF_ASSIGN_OR_RETURN(std::vector<std::string> list, ReadFileList(files_from));
+    files->insert(files->end(), list.begin(), list.end());
   }
-  if (s.ok() && files.empty())
-    s = InvalidArgumentError("no input files (give paths or --files-from)");
-  if (s.ok() && (side < 4 || side > 1024)) s = InvalidArgumentError("--side must be in 4..1024");
-  if (s.ok() && (files_per_shard < 1 || files_per_shard > 1000000)) {
-    s = InvalidArgumentError("--files-per-shard must be in 1..1000000");
-  }
-  if (!s.ok()) {
-    std::fprintf(stderr, "cosmoflow-import: %s\n", s.message().c_str());
-    return 2;
+  if (files->empty()) return InvalidArgumentError("no input files (give paths or --files-from)");
+  if (side < 4 || side > 1024) return InvalidArgumentError("--side must be in 4..1024");
+  if (files_per_shard < 1 || files_per_shard > 1000000) {
+    return InvalidArgumentError("--files-per-shard must be in 1..1000000");
   }
   if (prefix.empty()) {
     prefix = "mlperf";
@@ -72,7 +64,6 @@ int main(int argc, char** argv) {
       if (!base.empty()) prefix = base;
     }
   }
-
   ImportOptions o;
   o.out_dir = out;
   o.prefix = prefix;
@@ -84,9 +75,25 @@ int main(int argc, char** argv) {
   o.command_line = JoinCommandLine(argc, argv);
   o.progress = !quiet;
   o.first_file_number = first_file_number;
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> files;
+  std::string usage;
+  auto options = ParseImportFlags(argc, argv, &files, &usage);
+  if (!usage.empty()) {
+    std::fprintf(stdout, "%s\n%s", kUsage, usage.c_str());
+    return 0;
+  }
+  if (!options.ok()) {
+    std::fprintf(stderr, "cosmoflow-import: %s\n", options.status().message().c_str());
+    return 2;
+  }
   ImportStats stats;
-  s = ImportMlperf(files, o, &stats);
-  if (!s.ok()) {
+  if (Status s = ImportMlperf(files, *options, &stats); !s.ok()) {
     std::fprintf(stderr, "cosmoflow-import: %s\n", s.message().c_str());
     return 1;
   }

@@ -482,7 +482,61 @@ struct UniverseGenerator::Impl {
       }
     }
   }
+
+  // The particles at the start of the particle-mesh run: 2LPT positions x = q + d1 psi1 + d2 psi2
+  // (wrapped into [0, box)) and momenta p = g_p1 psi1 + g_p2 psi2, from the displacements in
+  // psi1/psi2.
+  void StartParticles(double box, double d1, double d2, double g_p1, double g_p2) {
+    const int64_t particles = static_cast<int64_t>(real_size);
+    const double spacing = box / n;
+    for (int c = 0; c < 3; ++c) {
+      pos[c].resize(particles);
+      mom[c].resize(particles);
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < particles; ++p) {
+      double q[3];
+      Lagrangian(p, spacing, &q[0], &q[1], &q[2]);
+      for (int c = 0; c < 3; ++c) {
+        const double s1 = psi1[c].get()[p], s2 = psi2[c].get()[p];
+        double x = q[c] + d1 * s1 + d2 * s2;
+        x -= box * std::floor(x / box);
+        pos[c][p] = x >= box ? 0.0f : static_cast<float>(x);
+        mom[c][p] = static_cast<float>(g_p1 * s1 + g_p2 * s2);
+      }
+    }
+  }
 };
+
+// The particle-mesh time nodes, from a_init to the last output. Every output is a node; the
+// pm_steps steps are shared among the intervals between outputs in proportion to their length in
+// a (at least one each), evenly spaced within each. `outputs` is sorted by a, all after a_init.
+std::vector<double> PmTimeNodes(double a_init, const std::vector<std::pair<double, int>>& outputs,
+                                int pm_steps) {
+  std::vector<double> ends = {a_init};
+  for (const auto& out : outputs) {
+    if (out.first - ends.back() > 1e-9) ends.push_back(out.first);
+  }
+  const int intervals = static_cast<int>(ends.size()) - 1;
+  std::vector<int> steps(intervals, 1);
+  for (int extra = pm_steps - intervals; extra > 0; --extra) {
+    // Give the next step to the interval with the longest steps.
+    int best = 0;
+    for (int i = 1; i < intervals; ++i) {
+      if ((ends[i + 1] - ends[i]) / steps[i] > (ends[best + 1] - ends[best]) / steps[best])
+        best = i;
+    }
+    ++steps[best];
+  }
+  std::vector<double> nodes = {a_init};
+  for (int i = 0; i < intervals; ++i) {
+    for (int k = 1; k <= steps[i]; ++k) {
+      nodes.push_back(k == steps[i] ? ends[i + 1]
+                                    : ends[i] + (ends[i + 1] - ends[i]) * k / steps[i]);
+    }
+  }
+  return nodes;
+}
 
 UniverseGenerator::~UniverseGenerator() = default;
 
@@ -623,50 +677,8 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   }
   if (outputs.empty()) return Status::Ok();
   std::sort(outputs.begin(), outputs.end());
-  // Time nodes: every output is a node; the steps are shared among the intervals between
-  // outputs in proportion to their length in a (at least one each), evenly spaced within each.
-  std::vector<double> ends = {a_init};
-  for (const auto& out : outputs) {
-    if (out.first - ends.back() > 1e-9) ends.push_back(out.first);
-  }
-  const int intervals = static_cast<int>(ends.size()) - 1;
-  std::vector<int> steps(intervals, 1);
-  for (int extra = o.pm_steps - intervals; extra > 0; --extra) {
-    // Give the next step to the interval with the longest steps.
-    int best = 0;
-    for (int i = 1; i < intervals; ++i) {
-      if ((ends[i + 1] - ends[i]) / steps[i] > (ends[best + 1] - ends[best]) / steps[best])
-        best = i;
-    }
-    ++steps[best];
-  }
-  std::vector<double> nodes = {a_init};
-  for (int i = 0; i < intervals; ++i) {
-    for (int k = 1; k <= steps[i]; ++k) {
-      nodes.push_back(k == steps[i] ? ends[i + 1]
-                                    : ends[i] + (ends[i + 1] - ends[i]) * k / steps[i]);
-    }
-  }
-
-  const int64_t particles = static_cast<int64_t>(m.real_size);
-  const double spacing = box / m.n;
-  const double d1i = d1(a_init), d2i = d2(a_init), gpi = g_p(a_init), gp2i = g_p2(a_init);
-  for (int c = 0; c < 3; ++c) {
-    m.pos[c].resize(particles);
-    m.mom[c].resize(particles);
-  }
-#pragma omp parallel for num_threads(m.threads) schedule(static)
-  for (int64_t p = 0; p < particles; ++p) {
-    double q[3];
-    m.Lagrangian(p, spacing, &q[0], &q[1], &q[2]);
-    for (int c = 0; c < 3; ++c) {
-      const double psi1 = m.psi1[c].get()[p], psi2 = m.psi2[c].get()[p];
-      double x = q[c] + d1i * psi1 + d2i * psi2;
-      x -= box * std::floor(x / box);
-      m.pos[c][p] = x >= box ? 0.0f : static_cast<float>(x);
-      m.mom[c][p] = static_cast<float>(gpi * psi1 + gp2i * psi2);
-    }
-  }
+  const std::vector<double> nodes = PmTimeNodes(a_init, outputs, o.pm_steps);
+  m.StartParticles(box, d1(a_init), d2(a_init), g_p(a_init), g_p2(a_init));
   // psi2 now holds the mesh forces.
   m.Forces(box, om, a_init);
   size_t next_output = 0;

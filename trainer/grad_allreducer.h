@@ -11,7 +11,8 @@
 //   collective advances only inside MPI calls; a thread that sits in MPI makes it advance. Needs
 //   MPI_THREAD_SERIALIZED: the training thread makes no MPI call between BeginStep and FinishStep.
 // - kNonblocking: MPI_Iallreduce, progressed by MPI_Test in every OnGradReady() callback; the
-//   transfers advance only at those callbacks (measured here: 0.4-0.8 s exposed per sc18 step).
+//   transfers advance only at those callbacks, so more of the communication is left exposed at
+//   FinishStep (also the fallback when MPI lacks MPI_THREAD_SERIALIZED).
 //
 // Usage per step (one thread, the one that calls MPI):
 //   reducer.BeginStep();

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "core/base/flags.h"
@@ -129,19 +130,49 @@ StatusOr<std::vector<double>> ToList(const std::string& flag, const std::string&
   return *x;
 }
 
-Status Apply(TrainerOptions& o, const std::string& k, const std::string& v) {
-  if (k == "spec")
+// Each Apply*Flag sets the flag `k` of its group and returns its status, or nullopt when `k` is not
+// one of its flags.
+// The model, the data and how it is read.
+std::optional<Status> ApplyDataFlag(TrainerOptions& o, const std::string& k, const std::string& v) {
+  if (k == "spec") {
     o.spec = v;
-  else if (k == "train")
+  } else if (k == "train") {
     o.train_path = v;
-  else if (k == "val")
+  } else if (k == "val") {
     o.val_path = v;
-  else if (k == "out")
+  } else if (k == "out") {
     o.out_dir = v;
-  else if (k == "precision") {
+  } else if (k == "precision") {
     if (v != "fp32" && v != "bf16") return Bad(k, v, "expected fp32 or bf16");
     o.precision = v;
-  } else if (k == "epochs") {
+  } else if (k == "augment") {
+    CF_ASSIGN_OR_RETURN(o.augment, ToBool(k, v));
+  } else if (k == "stage") {
+    if (v.empty()) return Bad(k, v, "expected none, memory or a directory");
+    o.stage = v;
+  } else if (k == "prefetch") {
+    CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 64));
+    o.prefetch = static_cast<int>(x);
+  } else if (k == "shuffle") {
+    if (v == "global")
+      o.shuffle = ShuffleMode::kGlobal;
+    else if (v == "shard")
+      o.shuffle = ShuffleMode::kShard;
+    else
+      return Bad(k, v, "expected global or shard");
+  } else if (k == "seed") {
+    CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 0, int64_t{1} << 62));
+    o.seed = static_cast<uint64_t>(x);
+  } else {
+    return std::nullopt;
+  }
+  return Status::Ok();
+}
+
+// Epochs, batch, optimizer and learning-rate schedule.
+std::optional<Status> ApplyOptimizationFlag(TrainerOptions& o, const std::string& k,
+                                            const std::string& v) {
+  if (k == "epochs") {
     CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 1000000));
     o.epochs = static_cast<int>(x);
   } else if (k == "max-steps") {
@@ -171,25 +202,15 @@ Status Apply(TrainerOptions& o, const std::string& k, const std::string& v) {
     CF_ASSIGN_OR_RETURN(o.momentum, ToDouble(k, v, 0, 0.999999));
   } else if (k == "weight-decay") {
     CF_ASSIGN_OR_RETURN(o.weight_decay, ToDouble(k, v, 0, 1));
-  } else if (k == "augment") {
-    CF_ASSIGN_OR_RETURN(o.augment, ToBool(k, v));
-  } else if (k == "stage") {
-    if (v.empty()) return Bad(k, v, "expected none, memory or a directory");
-    o.stage = v;
-  } else if (k == "prefetch") {
-    CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 64));
-    o.prefetch = static_cast<int>(x);
-  } else if (k == "shuffle") {
-    if (v == "global")
-      o.shuffle = ShuffleMode::kGlobal;
-    else if (v == "shard")
-      o.shuffle = ShuffleMode::kShard;
-    else
-      return Bad(k, v, "expected global or shard");
-  } else if (k == "seed") {
-    CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 0, int64_t{1} << 62));
-    o.seed = static_cast<uint64_t>(x);
-  } else if (k == "checkpoint-every") {
+  } else {
+    return std::nullopt;
+  }
+  return Status::Ok();
+}
+
+// Checkpoints, resume, logging, communication and the debugging flags of the tests.
+std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, const std::string& v) {
+  if (k == "checkpoint-every") {
     CF_ASSIGN_OR_RETURN(o.checkpoint_every, ToInt(k, v, 0, int64_t{1} << 50));
   } else if (k == "keep-checkpoints") {
     CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 1000));
@@ -225,9 +246,16 @@ Status Apply(TrainerOptions& o, const std::string& k, const std::string& v) {
   } else if (k == "debug-step-sleep") {
     CF_ASSIGN_OR_RETURN(o.debug_step_sleep, ToDouble(k, v, 0, 3600));
   } else {
-    return InvalidArgumentError("unknown flag --" + k);
+    return std::nullopt;
   }
   return Status::Ok();
+}
+
+Status Apply(TrainerOptions& o, const std::string& k, const std::string& v) {
+  for (auto* apply : {ApplyDataFlag, ApplyOptimizationFlag, ApplyRunFlag}) {
+    if (std::optional<Status> s = apply(o, k, v)) return *s;
+  }
+  return InvalidArgumentError("unknown flag --" + k);
 }
 
 std::string JsonValueToString(const nlohmann::json& j) {

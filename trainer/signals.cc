@@ -1,11 +1,16 @@
 #include "trainer/signals.h"
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 
 namespace cosmoflow {
 namespace {
-volatile std::sig_atomic_t g_stop_signal = 0;
+// An atomic, not a volatile sig_atomic_t: the handler may run on any thread of the process (the
+// prefetch thread, the gradient thread, OpenMP workers) while the training thread reads the flag,
+// and only a lock-free atomic is both async-signal-safe and free of a data race across threads.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free atomic");
 
 extern "C" void OnStopSignal(int signo) { g_stop_signal = signo; }
 }  // namespace

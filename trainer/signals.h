@@ -1,7 +1,8 @@
 // Stop requests from the batch system: SIGUSR1 (Slurm's warning before the time limit, see
 // --signal in deploy/slurm) and SIGTERM (scancel, preemption) set a flag; the training loop reads
 // it at each step boundary, the ranks agree (see mpi_util.h AnyRankTrue) and all of them checkpoint
-// and exit with kRequeueExitCode. The handler only stores to a sig_atomic_t (async-signal-safe).
+// and exit with kRequeueExitCode. The handler only stores to a lock-free atomic: async-signal-safe,
+// and safe to read from the training thread whichever thread took the signal.
 #pragma once
 
 namespace cosmoflow {

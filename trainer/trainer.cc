@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -30,6 +31,7 @@
 #include "trainer/sampler.h"
 #include "trainer/signals.h"
 #include "trainer/uncertainty_run.h"
+#include "trainer/train_step.h"
 
 #ifndef COSMOFLOW_GIT_REV
 #define COSMOFLOW_GIT_REV "unknown"
@@ -163,6 +165,19 @@ struct ValResult {
   int64_t count = 0;
 };
 
+// The measured times of one training step.
+struct StepTimes {
+  double data_wait = 0;  // blocked in the input pipeline
+  double comm = 0;       // step-boundary agreement + gradient wait
+};
+
+bool HasBatchNorm(const ModelSpec& spec) {
+  for (const LayerSpec& l : spec.layers) {
+    if (l.type == LayerType::kBatchNorm) return true;
+  }
+  return false;
+}
+
 class Trainer {
  public:
   Trainer(const TrainerOptions& o, const MpiWorld& w, std::string command_line)
@@ -177,18 +192,58 @@ class Trainer {
   const std::vector<double>& prior_high() const { return prior_high_; }
 
  private:
+  // Setup, in order; each stage ends with an agreement over the ranks.
   Status Setup();
+  Status LoadSpecAndPrecision();
+  Status OpenRunDirectory();
+  Status OpenDatasets();
+  Status PlanEpochs();
+  Status Stage();
+  Status StageIntoDirectory();
+  Status StageIntoMemory();
+  Status BuildNetwork();
+  Status BuildOptimizerAndSchedule();
+  void BuildReducer();
   Status Resume();
+  StatusOr<std::string> ChooseCheckpoint();
+  Status RestoreFrom(const Checkpoint& c, const std::string& path);
+
+  // The training loop, one step at a time. The std::optional<int> results are the process exit
+  // code when the run ends there, nullopt to go on.
+  void LogRunDescription() const;
+  BatchPlan TrainingPlan() const;
+  PrefetchConfig TrainingLoaderConfig() const;
+  std::optional<int> StepBoundary(PrefetchLoader& loader, const PrefetchedBatch* batch,
+                                  double* comm);
+  void MaybeDieForTests() const;
+  int StopForRequeue();
+  void TrainStep(PrefetchLoader& loader, const PrefetchedBatch* batch, double* comm);
+  void RecordTiming(double step_seconds, const StepTimes& times);
+  std::optional<int> MaybeLogProgress();
+  std::optional<int> MaybeCheckWeights();
+  std::optional<int> MaybeValidate();
+  std::optional<int> MaybeCheckpoint();
+  int Finish();
+  bool EpochEnd() const { return step_ % steps_per_epoch_ == 0; }
+
   Status SaveCheckpoint();
   StatusOr<ValResult> Validate();
+  Status RunValidation(std::vector<double>& sums, std::vector<float>& rows);
+  void AccumulateValidation(const PrefetchedBatch& batch, const std::vector<float>& pred,
+                            std::vector<double>& sums, std::vector<float>& rows) const;
+  void WriteValidationPredictions(const std::vector<float>& all);
   void FitValidationCalibration(const ValidationPosteriors& v);
+  void LogValidation(const ValResult& val);
   void LogProgress(double window_loss);
   void WriteSummary(const std::string& outcome);
+  void AddTimingSummary(nlohmann::json& j) const;
   int Fail(const Status& s);
+  int FailRun(const Status& s);  // writes the "error" summary, then Fail
   bool root() const { return world_.rank == 0; }
 
   TrainerOptions opt_;
   MpiWorld world_;
+  MPI_Comm stats_comm_ = MPI_COMM_NULL;  // batch_norm statistics (a dup of world_.comm)
   std::string command_line_;
   ModelSpec spec_;
   Precision precision_ = Precision::kFp32;
@@ -209,11 +264,12 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   std::string resumed_from_;
   double lr_ = 0;
+  std::vector<float> pred_, diff_;  // batch x NetworkOutputs() scratch of the training step
   // Timing of this process (rank 0's figures are the ones reported).
   Clock::time_point run_start_;
   std::vector<double> step_seconds_, data_wait_seconds_, comm_wait_seconds_, comm_span_seconds_;
   std::vector<double> grad_wait_seconds_;  // the part of comm_wait spent in the gradient allreduce
-  double window_time_ = 0, window_wait_ = 0, window_comm_ = 0;
+  double window_loss_ = 0, window_time_ = 0, window_wait_ = 0, window_comm_ = 0;
   int64_t window_steps_ = 0;
   ValResult last_val_;
   bool have_val_ = false;
@@ -230,21 +286,44 @@ int Trainer::Fail(const Status& s) {
   return kExitError;
 }
 
+int Trainer::FailRun(const Status& s) {
+  WriteSummary("error");
+  return Fail(s);
+}
+
+// ---- setup ----
+
 Status Trainer::Setup() {
   // Everything here may fail on bad input; each stage ends with an agreement so no rank hangs.
-  Status local;
+  CF_RETURN_IF_ERROR(LoadSpecAndPrecision());
+  CF_RETURN_IF_ERROR(OpenRunDirectory());
+  CF_RETURN_IF_ERROR(OpenDatasets());
+  CF_RETURN_IF_ERROR(PlanEpochs());
+  CF_RETURN_IF_ERROR(Stage());
+  CF_RETURN_IF_ERROR(BuildNetwork());
+  CF_RETURN_IF_ERROR(BuildOptimizerAndSchedule());
+  BuildReducer();
+  return Resume();
+}
+
+Status Trainer::LoadSpecAndPrecision() {
   auto spec = LoadSpec(opt_.spec);
   auto precision = ParsePrecision(opt_.precision);
-  local = !spec.ok() ? spec.status() : precision.status();
+  Status local = !spec.ok() ? spec.status() : precision.status();
   if (local.ok() && *precision == Precision::kBf16 && !Bf16Supported()) {
     // Known before anything is written: refuse here rather than leave an empty run directory.
-    local = FailedPreconditionError("--precision=bf16: this CPU has neither AVX512-BF16 nor AMX (use fp32)");
+    local = FailedPreconditionError(
+        "--precision=bf16: this CPU has neither AVX512-BF16 nor AMX (use fp32)");
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   spec_ = *spec;
   precision_ = *precision;
   seed_ = opt_.seed;
+  return Status::Ok();
+}
 
+Status Trainer::OpenRunDirectory() {
+  Status local;
   if (root()) {
     std::error_code ec;
     fs::create_directories(fs::path(opt_.out_dir) / "checkpoints", ec);
@@ -263,23 +342,26 @@ Status Trainer::Setup() {
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   ckpt_dir_ = (fs::path(opt_.out_dir) / "checkpoints").string();
+  return Status::Ok();
+}
 
+Status Trainer::OpenDatasets() {
   CF_ASSIGN_OR_RETURN(train_set_, OpenDatasetEverywhere(opt_.train_path, spec_, "--train", world_));
   if (!opt_.val_path.empty()) {
     CF_ASSIGN_OR_RETURN(val_set_, OpenDatasetEverywhere(opt_.val_path, spec_, "--val", world_));
   }
-  {
-    auto labels = MakeLabelMap(spec_, train_set_->info(), "--train " + opt_.train_path);
-    local = labels.status();
-    if (labels.ok()) train_labels_ = *labels;
-    if (local.ok() && val_set_) {
-      auto vl = MakeLabelMap(spec_, val_set_->info(), "--val " + opt_.val_path);
-      local = vl.status();
-      if (vl.ok()) val_labels_ = *vl;
-    }
-    CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  auto labels = MakeLabelMap(spec_, train_set_->info(), "--train " + opt_.train_path);
+  Status local = labels.status();
+  if (labels.ok()) train_labels_ = *labels;
+  if (local.ok() && val_set_) {
+    auto vl = MakeLabelMap(spec_, val_set_->info(), "--val " + opt_.val_path);
+    local = vl.status();
+    if (vl.ok()) val_labels_ = *vl;
   }
+  return AgreeOnStatus(local, world_.comm);
+}
 
+Status Trainer::PlanEpochs() {
   auto sampler = EpochSampler::Create(train_set_->size(), world_.size, world_.rank, opt_.batch,
                                       seed_, opt_.shuffle);
   CF_RETURN_IF_ERROR(
@@ -291,46 +373,60 @@ Status Trainer::Setup() {
   if (val_set_) {
     for (int64_t i = world_.rank; i < val_set_->size(); i += world_.size) val_indices_.push_back(i);
   }
+  return Status::Ok();
+}
 
-  // Staging: node-local directory or memory.
-  if (opt_.stage != "none" && opt_.stage != "memory") {
-    CF_ASSIGN_OR_RETURN(std::string staged,
-                        StageToDirectory(*train_set_, opt_.stage, "train", world_));
-    CF_ASSIGN_OR_RETURN(train_set_,
-                        OpenDatasetEverywhere(staged, spec_, "--train (staged)", world_));
-    if (val_set_) {
-      CF_ASSIGN_OR_RETURN(std::string sv, StageToDirectory(*val_set_, opt_.stage, "val", world_));
-      CF_ASSIGN_OR_RETURN(val_set_, OpenDatasetEverywhere(sv, spec_, "--val (staged)", world_));
-    }
-  }
-  if (opt_.stage == "memory") {
-    auto t0 = Clock::now();
-    auto src = StageInMemory(*train_set_, sampler_->SamplesOfThisRank());
-    local = src.status().WithContext("--stage=memory --train " + opt_.train_path);
-    if (src.ok()) train_source_ = std::move(src).value();
-    if (local.ok() && val_set_) {
-      auto vs = StageInMemory(*val_set_, val_indices_);
-      local = vs.status().WithContext("--stage=memory --val " + opt_.val_path);
-      if (vs.ok()) val_source_ = std::move(vs).value();
-    }
-    CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
-    if (root()) {
-      CF_LOG(INFO) << "staged the dataset into memory in " << Seconds(t0, Clock::now()) << " s";
-    }
-  } else {
-    train_source_ = MakeDatasetSource(train_set_.get());
-    if (val_set_) val_source_ = MakeDatasetSource(val_set_.get());
-  }
+// Staging: a node-local directory, memory, or none (read the datasets where they are).
+Status Trainer::Stage() {
+  if (opt_.stage == "memory") return StageIntoMemory();
+  if (opt_.stage != "none") CF_RETURN_IF_ERROR(StageIntoDirectory());
+  train_source_ = MakeDatasetSource(train_set_.get());
+  if (val_set_) val_source_ = MakeDatasetSource(val_set_.get());
+  return Status::Ok();
+}
 
-  // Network, optimizer, communication. Dropout masks differ per rank (each rank sees other
-  // samples).
+Status Trainer::StageIntoDirectory() {
+  CF_ASSIGN_OR_RETURN(std::string staged,
+                      StageToDirectory(*train_set_, opt_.stage, "train", world_));
+  CF_ASSIGN_OR_RETURN(train_set_, OpenDatasetEverywhere(staged, spec_, "--train (staged)", world_));
+  if (val_set_) {
+    CF_ASSIGN_OR_RETURN(std::string sv, StageToDirectory(*val_set_, opt_.stage, "val", world_));
+    CF_ASSIGN_OR_RETURN(val_set_, OpenDatasetEverywhere(sv, spec_, "--val (staged)", world_));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::StageIntoMemory() {
+  auto t0 = Clock::now();
+  auto src = StageInMemory(*train_set_, sampler_->SamplesOfThisRank());
+  Status local = src.status().WithContext("--stage=memory --train " + opt_.train_path);
+  if (src.ok()) train_source_ = std::move(src).value();
+  if (local.ok() && val_set_) {
+    auto vs = StageInMemory(*val_set_, val_indices_);
+    local = vs.status().WithContext("--stage=memory --val " + opt_.val_path);
+    if (vs.ok()) val_source_ = std::move(vs).value();
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  if (root()) {
+    CF_LOG(INFO) << "staged the dataset into memory in " << Seconds(t0, Clock::now()) << " s";
+  }
+  return Status::Ok();
+}
+
+Status Trainer::BuildNetwork() {
+  // Dropout masks differ per rank (each rank sees other samples).
   NetworkOptions no;
   no.batch = opt_.batch;
   no.precision = precision_;
   no.training = true;
   no.seed = MixSeed(seed_, static_cast<uint64_t>(world_.rank), 0xd70f);
+  if (HasBatchNorm(spec_)) {
+    // batch_norm's statistics span every rank, on a communicator of their own.
+    MPI_Comm_dup(world_.comm, &stats_comm_);
+    no.allreduce_sum = BatchStatisticsAllreduce(stats_comm_);
+  }
   auto net = Network::Create(spec_, no);
-  local = net.status().WithContext("building network '" + spec_.name + "'");
+  Status local = net.status().WithContext("building network '" + spec_.name + "'");
   if (net.ok()) net_ = std::move(net).value();
   if (local.ok() && val_set_) {
     NetworkOptions vo = no;
@@ -342,7 +438,10 @@ Status Trainer::Setup() {
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   net_->InitParameters(seed_);
   net_->ParametersUpdated();
+  return Status::Ok();
+}
 
+Status Trainer::BuildOptimizerAndSchedule() {
   // core/nn's optimizers (SGD with L2 weight decay, AdamW-style decoupled decay for Adam).
   OptimizerConfig oc;
   oc.name = opt_.optimizer;
@@ -358,7 +457,10 @@ Status Trainer::Setup() {
                                            steps_per_epoch_ * opt_.epochs);
   CF_RETURN_IF_ERROR(AgreeOnStatus(schedule.status(), world_.comm));
   schedule_ = std::make_unique<LrRecipeSchedule>(*schedule);
+  return Status::Ok();
+}
 
+void Trainer::BuildReducer() {
   int thread_level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&thread_level);
   auto mode = opt_.allreduce == "thread" ? GradientAllreducer::Mode::kThread
@@ -369,32 +471,18 @@ Status Trainer::Setup() {
     }
     mode = GradientAllreducer::Mode::kNonblocking;
   }
+  if (mode == GradientAllreducer::Mode::kThread && HasBatchNorm(spec_)) {
+    // batch_norm allreduces its statistics from the training thread inside Backward, while the
+    // communication thread would be allreducing gradient buckets: MPI calls from one thread only.
+    if (root()) CF_LOG(INFO) << "spec has batch_norm: using --allreduce=nonblocking";
+    mode = GradientAllreducer::Mode::kNonblocking;
+  }
   reducer_ = std::make_unique<GradientAllreducer>(
       &net_->parameters(), world_.comm, static_cast<int64_t>(opt_.bucket_mb * (1 << 20)), mode);
-  return Resume();
 }
 
 Status Trainer::Resume() {
-  // Rank 0 chooses the checkpoint (verifying checksums, skipping corrupt ones); every rank reads
-  // it.
-  std::string path;
-  Status local;
-  if (root() && opt_.resume != "never") {
-    if (opt_.resume == "auto") {
-      auto found = FindLatestCheckpoint(ckpt_dir_);
-      if (found.ok())
-        path = *found;
-      else if (found.status().code() != StatusCode::kNotFound)
-        local = found.status();
-    } else {
-      path = opt_.resume;
-    }
-  }
-  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
-  int length = static_cast<int>(path.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, world_.comm);
-  path.resize(length);
-  MPI_Bcast(path.data(), length, MPI_CHAR, 0, world_.comm);
+  CF_ASSIGN_OR_RETURN(std::string path, ChooseCheckpoint());
   if (path.empty()) {
     // Fresh start: identical initial weights on every rank (same seed), checked once.
     if (!SameOnAllRanks(WeightsChecksum(net_->parameters()), world_.comm)) {
@@ -404,30 +492,8 @@ Status Trainer::Resume() {
   }
 
   auto ckpt = ReadCheckpoint(path);
-  local = ckpt.status().WithContext("--resume: " + path);
-  if (local.ok()) {
-    const Checkpoint& c = *ckpt;
-    const auto gb = c.provenance.find("global_batch");
-    if (c.spec.ToJson() != spec_.ToJson()) {
-      local = FailedPreconditionError("checkpoint " + path + " is for model '" + c.spec.name +
-                                      "' (a different spec) but this run trains '" + spec_.name +
-                                      "'; use another --out or --resume=never");
-    } else if (gb != c.provenance.end() && gb->second != std::to_string(sampler_->global_batch())) {
-      local = FailedPreconditionError("checkpoint " + path + " was written with global batch " +
-                                      gb->second + " but this run has " +
-                                      std::to_string(sampler_->global_batch()) +
-                                      " (ranks x --batch); exact resume needs the same");
-    } else if (c.state.optimizer != optimizer_->name()) {
-      local = FailedPreconditionError("checkpoint " + path + " holds '" + c.state.optimizer +
-                                      "' optimizer state but this run uses '" + optimizer_->name() +
-                                      "'");
-    } else {
-      local = net_->LoadParameters(c.weights).WithContext("checkpoint " + path);
-      if (local.ok())
-        local = optimizer_->RestoreState(net_->parameters(), c.optimizer_state)
-                    .WithContext("checkpoint " + path);
-    }
-  }
+  Status local = ckpt.status().WithContext("--resume: " + path);
+  if (local.ok()) local = RestoreFrom(*ckpt, path);
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   net_->ParametersUpdated();
   net_->SetTrainingStep(
@@ -455,6 +521,56 @@ Status Trainer::Resume() {
   }
   return Status::Ok();
 }
+
+// Rank 0 chooses the checkpoint (verifying checksums, skipping corrupt ones) and broadcasts its
+// path; empty for a fresh start.
+StatusOr<std::string> Trainer::ChooseCheckpoint() {
+  std::string path;
+  Status local;
+  if (root() && opt_.resume != "never") {
+    if (opt_.resume == "auto") {
+      auto found = FindLatestCheckpoint(ckpt_dir_);
+      if (found.ok())
+        path = *found;
+      else if (found.status().code() != StatusCode::kNotFound)
+        local = found.status();
+    } else {
+      path = opt_.resume;
+    }
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
+  int length = static_cast<int>(path.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, world_.comm);
+  path.resize(length);
+  MPI_Bcast(path.data(), length, MPI_CHAR, 0, world_.comm);
+  return path;
+}
+
+// Checks that checkpoint `c` continues this run, then loads its weights and optimizer state.
+Status Trainer::RestoreFrom(const Checkpoint& c, const std::string& path) {
+  const auto gb = c.provenance.find("global_batch");
+  if (c.spec.ToJson() != spec_.ToJson()) {
+    return FailedPreconditionError("checkpoint " + path + " is for model '" + c.spec.name +
+                                   "' (a different spec) but this run trains '" + spec_.name +
+                                   "'; use another --out or --resume=never");
+  }
+  if (gb != c.provenance.end() && gb->second != std::to_string(sampler_->global_batch())) {
+    return FailedPreconditionError("checkpoint " + path + " was written with global batch " +
+                                   gb->second + " but this run has " +
+                                   std::to_string(sampler_->global_batch()) +
+                                   " (ranks x --batch); exact resume needs the same");
+  }
+  if (c.state.optimizer != optimizer_->name()) {
+    return FailedPreconditionError("checkpoint " + path + " holds '" + c.state.optimizer +
+                                   "' optimizer state but this run uses '" + optimizer_->name() +
+                                   "'");
+  }
+  CF_RETURN_IF_ERROR(net_->LoadParameters(c.weights).WithContext("checkpoint " + path));
+  return optimizer_->RestoreState(net_->parameters(), c.optimizer_state)
+      .WithContext("checkpoint " + path);
+}
+
+// ---- checkpoints, validation, logs ----
 
 Status Trainer::SaveCheckpoint() {
   if (last_saved_step_ == step_) return Status::Ok();
@@ -491,80 +607,95 @@ Status Trainer::SaveCheckpoint() {
 }
 
 StatusOr<ValResult> Trainer::Validate() {
-  ValResult r;
-  const size_t outputs = spec_.outputs.size(), width = spec_.NetworkOutputs();
-  r.rel_err.assign(outputs, 0);
+  const size_t outputs = spec_.outputs.size();
   // sums: loss, abs err, count, rel err per output
   std::vector<double> sums(3 + outputs, 0.0);
   std::vector<float> rows;  // ValidationRowWidth(spec_) floats per sample (uncertainty_run.h)
   Status local = val_net_->LoadParameters(net_->ExportParameters());
   if (local.ok()) {
     val_net_->ParametersUpdated();
-    const int b = opt_.batch;
-    const int64_t n = static_cast<int64_t>(val_indices_.size());
-    BatchPlan plan;
-    plan.num_batches = (n + b - 1) / b;
-    const std::vector<int64_t>& idx = val_indices_;
-    plan.indices = [&idx, b, n](int64_t k) {
-      std::vector<int64_t> out(b);
-      for (int i = 0; i < b; ++i) out[i] = idx[std::min(n - 1, k * b + i)];
-      return out;
-    };
-    plan.valid = [b, n](int64_t k) { return static_cast<int>(std::min<int64_t>(b, n - k * b)); };
-    PrefetchConfig lc;
-    lc.batch = b;
-    lc.queue_depth = opt_.prefetch;
-    lc.transform = spec_.input_transform;
-    lc.labels = val_labels_;
-    PrefetchLoader loader(val_source_.get(), plan, lc);
-    std::vector<float> pred(static_cast<size_t>(b) * width);
-    while (const PrefetchedBatch* batch = loader.Next(nullptr)) {
-      if (!batch->status.ok()) {
-        local = batch->status.WithContext("--val " + opt_.val_path);
-        loader.Release(batch);
-        break;
-      }
-      val_net_->Forward(batch->src.data(), pred.data());
-      for (int i = 0; i < batch->valid; ++i) {
-        const float* head = &pred[i * width];  // the means come first in every head
-        const float* label = &batch->labels[i * outputs];
-        rows.push_back(static_cast<float>(batch->indices[i]));
-        for (size_t o = 0; o < outputs; ++o) rows.push_back(batch->physical[i * outputs + o]);
-        for (size_t o = 0; o < outputs; ++o) {
-          const double y = head[o], t = label[o];
-          const double phys_pred = spec_.outputs[o].offset + spec_.outputs[o].scale * y;
-          const double phys_true = batch->physical[i * outputs + o];
-          rows.push_back(static_cast<float>(phys_pred));
-          sums[1] += std::fabs(y - t);
-          sums[3 + o] += std::fabs(phys_pred - phys_true) / std::max(1e-12, std::fabs(phys_true));
-        }
-        rows.insert(rows.end(), label, label + outputs);
-        rows.insert(rows.end(), head, head + width);
-        sums[0] += ValidationLossSum(spec_, head, label);
-        sums[2] += 1;
-      }
-      loader.Release(batch);
-    }
+    local = RunValidation(sums, rows);
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   AllreduceSum(sums, world_.comm);
   std::vector<float> all = GatherToRoot(rows, world_.comm);
+  ValResult r;
+  r.rel_err.assign(outputs, 0);
   r.count = static_cast<int64_t>(sums[2]);
   if (r.count > 0) {
     r.loss = sums[0] / (r.count * outputs);
     r.mae = sums[1] / (r.count * outputs);
     for (size_t o = 0; o < outputs; ++o) r.rel_err[o] = sums[3 + o] / r.count;
   }
-  if (root()) {
-    // val_predictions.csv: one row per validation sample, physical units, sorted by index.
-    posteriors_ = DecodeValidationRows(spec_, all);
-    FitValidationCalibration(posteriors_);
-    const std::string path = (fs::path(opt_.out_dir) / "val_predictions.csv").string();
-    if (!WriteFileAtomically(path, ValidationCsv(spec_, posteriors_, calibration_))) {
-      CF_LOG(WARNING) << path << ": cannot write";
-    }
-  }
+  if (root()) WriteValidationPredictions(all);
   return r;
+}
+
+// This rank's validation samples through val_net_, accumulated into `sums` and `rows`.
+Status Trainer::RunValidation(std::vector<double>& sums, std::vector<float>& rows) {
+  const int b = opt_.batch;
+  const int64_t n = static_cast<int64_t>(val_indices_.size());
+  BatchPlan plan;
+  plan.num_batches = (n + b - 1) / b;
+  const std::vector<int64_t>& idx = val_indices_;
+  plan.indices = [&idx, b, n](int64_t k) {
+    std::vector<int64_t> out(b);
+    for (int i = 0; i < b; ++i) out[i] = idx[std::min(n - 1, k * b + i)];
+    return out;
+  };
+  plan.valid = [b, n](int64_t k) { return static_cast<int>(std::min<int64_t>(b, n - k * b)); };
+  PrefetchConfig lc;
+  lc.batch = b;
+  lc.queue_depth = opt_.prefetch;
+  lc.transform = spec_.input_transform;
+  lc.labels = val_labels_;
+  PrefetchLoader loader(val_source_.get(), plan, lc);
+  std::vector<float> pred(static_cast<size_t>(b) * spec_.NetworkOutputs());
+  while (const PrefetchedBatch* batch = loader.Next(nullptr)) {
+    if (!batch->status.ok()) {
+      Status s = batch->status.WithContext("--val " + opt_.val_path);
+      loader.Release(batch);
+      return s;
+    }
+    val_net_->Forward(batch->src.data(), pred.data());
+    AccumulateValidation(*batch, pred, sums, rows);
+    loader.Release(batch);
+  }
+  return Status::Ok();
+}
+
+void Trainer::AccumulateValidation(const PrefetchedBatch& batch, const std::vector<float>& pred,
+                                   std::vector<double>& sums, std::vector<float>& rows) const {
+  const size_t outputs = spec_.outputs.size(), width = spec_.NetworkOutputs();
+  for (int i = 0; i < batch.valid; ++i) {
+    const float* head = &pred[i * width];  // the means come first in every head
+    const float* label = &batch.labels[i * outputs];
+    rows.push_back(static_cast<float>(batch.indices[i]));
+    for (size_t o = 0; o < outputs; ++o) rows.push_back(batch.physical[i * outputs + o]);
+    for (size_t o = 0; o < outputs; ++o) {
+      const double y = head[o], t = label[o];
+      const double phys_pred = spec_.outputs[o].offset + spec_.outputs[o].scale * y;
+      const double phys_true = batch.physical[i * outputs + o];
+      rows.push_back(static_cast<float>(phys_pred));
+      sums[1] += std::fabs(y - t);
+      sums[3 + o] += std::fabs(phys_pred - phys_true) / std::max(1e-12, std::fabs(phys_true));
+    }
+    rows.insert(rows.end(), label, label + outputs);
+    rows.insert(rows.end(), head, head + width);
+    sums[0] += ValidationLossSum(spec_, head, label);
+    sums[2] += 1;
+  }
+}
+
+// val_predictions.csv: one row per validation sample, physical units, sorted by index; with an
+// uncertainty head also the calibration fitted on them.
+void Trainer::WriteValidationPredictions(const std::vector<float>& all) {
+  posteriors_ = DecodeValidationRows(spec_, all);
+  FitValidationCalibration(posteriors_);
+  const std::string path = (fs::path(opt_.out_dir) / "val_predictions.csv").string();
+  if (!WriteFileAtomically(path, ValidationCsv(spec_, posteriors_, calibration_))) {
+    CF_LOG(WARNING) << path << ": cannot write";
+  }
 }
 
 void Trainer::FitValidationCalibration(const ValidationPosteriors& v) {
@@ -589,6 +720,28 @@ void Trainer::FitValidationCalibration(const ValidationPosteriors& v) {
   for (size_t o = 0; o < spec_.outputs.size(); ++o)
     os << " " << spec_.outputs[o].name << " " << calibration_.sigma_scale[o];
   CF_LOG(INFO) << os.str();
+}
+
+void Trainer::LogValidation(const ValResult& val) {
+  if (!root()) return;
+  std::ostringstream os;
+  os << "validation epoch " << (step_ - 1) / steps_per_epoch_ + 1 << ": loss " << val.loss
+     << " MAE " << val.mae << " (normalised), mean relative error";
+  for (size_t o = 0; o < spec_.outputs.size(); ++o)
+    os << " " << spec_.outputs[o].name << " " << 100 * val.rel_err[o] << "%";
+  os << " over " << val.count << " cubes";
+  CF_LOG(INFO) << os.str();
+  LogRow row;
+  row.kind = "val";
+  row.epoch = (step_ - 1) / steps_per_epoch_;
+  row.step = step_;
+  row.samples_seen = samples_seen_;
+  row.lr = lr_;
+  row.loss = val.loss;
+  row.mae = val.mae;
+  row.rel_err = val.rel_err;
+  row.elapsed_s = Seconds(run_start_, Clock::now());
+  if (log_) log_->Write(row);
 }
 
 void Trainer::LogProgress(double window_loss) {
@@ -623,19 +776,6 @@ void Trainer::LogProgress(double window_loss) {
 
 void Trainer::WriteSummary(const std::string& outcome) {
   if (!root()) return;
-  // The first steps include oneDNN's JIT and page faults; leave them out of the medians.
-  auto tail = [](const std::vector<double>& v) {
-    const size_t skip = v.size() > 4 ? 2 : 0;
-    return std::vector<double>(v.begin() + skip, v.end());
-  };
-  auto sum = [](const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return s;
-  };
-  const auto steps = tail(step_seconds_), waits = tail(data_wait_seconds_),
-             comms = tail(comm_wait_seconds_), spans = tail(comm_span_seconds_);
-  const double total = sum(steps);
   nlohmann::json j;
   j["outcome"] = outcome;
   j["spec"] = spec_.name;
@@ -656,23 +796,7 @@ void Trainer::WriteSummary(const std::string& outcome) {
   j["gradient_bytes"] = reducer_ ? reducer_->total_bytes() : 0;
   j["gradient_buckets"] = reducer_ ? reducer_->num_buckets() : 0;
   j["allreduce"] = opt_.allreduce;
-  j["timed_steps"] = steps.size();
-  j["median_step_s"] = Median(steps);
-  {
-    // Step-time spread: synchronous training runs at the pace of the slowest rank, so jitter is an
-    // input of the scaling model (docs/training.md).
-    double mean = steps.empty() ? 0 : total / steps.size(), var = 0;
-    for (double x : steps) var += (x - mean) * (x - mean);
-    j["mean_step_s"] = mean;
-    j["stdev_step_s"] = steps.size() > 1 ? std::sqrt(var / (steps.size() - 1)) : 0.0;
-  }
-  j["samples_per_s"] = steps.empty() ? 0.0 : (sampler_->global_batch() / Median(steps));
-  j["data_wait_frac"] = total > 0 ? sum(waits) / total : 0.0;
-  j["comm_wait_frac"] = total > 0 ? sum(comms) / total : 0.0;
-  j["median_comm_wait_s"] = Median(comms);
-  // comm wait = step-boundary agreement (where a rank waits for a slower one) + gradient wait.
-  j["median_grad_wait_s"] = Median(tail(grad_wait_seconds_));
-  j["median_comm_span_s"] = Median(spans);
+  AddTimingSummary(j);
   j["elapsed_s"] = Seconds(run_start_, Clock::now());
   j["git_revision"] = COSMOFLOW_GIT_REV;
   j["uncertainty"] = UncertaintyHeadName(spec_.uncertainty);
@@ -691,28 +815,88 @@ void Trainer::WriteSummary(const std::string& outcome) {
   }
 }
 
+// The first steps include oneDNN's JIT and page faults; leave them out of the medians.
+std::vector<double> WithoutWarmup(const std::vector<double>& v) {
+  const size_t skip = v.size() > 4 ? 2 : 0;
+  return std::vector<double>(v.begin() + skip, v.end());
+}
+
+double Sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+void Trainer::AddTimingSummary(nlohmann::json& j) const {
+  const auto steps = WithoutWarmup(step_seconds_), waits = WithoutWarmup(data_wait_seconds_),
+             comms = WithoutWarmup(comm_wait_seconds_), spans = WithoutWarmup(comm_span_seconds_);
+  const double total = Sum(steps);
+  j["timed_steps"] = steps.size();
+  j["median_step_s"] = Median(steps);
+  {
+    // Step-time spread: synchronous training runs at the pace of the slowest rank, so jitter is an
+    // input of the scaling model (docs/training.md).
+    double mean = steps.empty() ? 0 : total / steps.size(), var = 0;
+    for (double x : steps) var += (x - mean) * (x - mean);
+    j["mean_step_s"] = mean;
+    j["stdev_step_s"] = steps.size() > 1 ? std::sqrt(var / (steps.size() - 1)) : 0.0;
+  }
+  j["samples_per_s"] = steps.empty() ? 0.0 : (sampler_->global_batch() / Median(steps));
+  j["data_wait_frac"] = total > 0 ? Sum(waits) / total : 0.0;
+  j["comm_wait_frac"] = total > 0 ? Sum(comms) / total : 0.0;
+  j["median_comm_wait_s"] = Median(comms);
+  // comm wait = step-boundary agreement (where a rank waits for a slower one) + gradient wait.
+  j["median_grad_wait_s"] = Median(WithoutWarmup(grad_wait_seconds_));
+  j["median_comm_span_s"] = Median(spans);
+}
+
+// ---- the training loop ----
+
 int Trainer::Run() {
   run_start_ = Clock::now();
   InstallStopSignalHandlers();
   Status setup = Setup();
   if (!setup.ok()) return Fail(setup);
+  LogRunDescription();
 
-  if (root()) {
-    CF_LOG(INFO) << "model " << spec_.name << " (" << spec_.NumParameters() << " parameters, "
-                 << PrecisionName(precision_) << "), " << world_.size << " ranks x batch "
-                 << opt_.batch << " = global batch " << sampler_->global_batch() << ", "
-                 << steps_per_epoch_ << " steps/epoch, " << total_steps_ << " steps, recipe "
-                 << LrRecipeName(opt_.lr.recipe) << " (" << optimizer_->name() << ", peak lr "
-                 << schedule_->peak_lr() << "), " << reducer_->num_buckets()
-                 << " gradient buckets, " << reducer_->total_bytes() / 1e6
-                 << " MB in all, allreduce " << opt_.allreduce;
-    if (spec_.uncertainty != UncertaintyHead::kNone) {
-      CF_LOG(INFO) << "uncertainty head " << UncertaintyHeadName(spec_.uncertainty)
-                   << ": Gaussian NLL after " << opt_.mse_warmup_epochs
-                   << " epoch(s) of MSE on the means; means trained by " << opt_.mean_gradient;
-    }
+  PrefetchLoader loader(train_source_.get(), TrainingPlan(), TrainingLoaderConfig());
+  const size_t outputs = spec_.NetworkOutputs();
+  pred_.assign(opt_.batch * outputs, 0.0f);
+  diff_.assign(opt_.batch * outputs, 0.0f);
+  while (step_ < total_steps_) {
+    const auto t0 = Clock::now();
+    StepTimes times;
+    const PrefetchedBatch* batch = loader.Next(&times.data_wait);
+    if (std::optional<int> code = StepBoundary(loader, batch, &times.comm)) return *code;
+    TrainStep(loader, batch, &times.comm);
+    RecordTiming(Seconds(t0, Clock::now()), times);
+    std::optional<int> code = MaybeLogProgress();
+    if (!code) code = MaybeCheckWeights();
+    if (!code) code = MaybeValidate();
+    if (!code) code = MaybeCheckpoint();
+    if (code) return *code;
   }
+  return Finish();
+}
 
+void Trainer::LogRunDescription() const {
+  if (!root()) return;
+  CF_LOG(INFO) << "model " << spec_.name << " (" << spec_.NumParameters() << " parameters, "
+               << PrecisionName(precision_) << "), " << world_.size << " ranks x batch "
+               << opt_.batch << " = global batch " << sampler_->global_batch() << ", "
+               << steps_per_epoch_ << " steps/epoch, " << total_steps_ << " steps, recipe "
+               << LrRecipeName(opt_.lr.recipe) << " (" << optimizer_->name() << ", peak lr "
+               << schedule_->peak_lr() << "), " << reducer_->num_buckets() << " gradient buckets, "
+               << reducer_->total_bytes() / 1e6 << " MB in all, allreduce " << opt_.allreduce;
+  if (spec_.uncertainty != UncertaintyHead::kNone) {
+    CF_LOG(INFO) << "uncertainty head " << UncertaintyHeadName(spec_.uncertainty)
+                 << ": Gaussian NLL after " << opt_.mse_warmup_epochs
+                 << " epoch(s) of MSE on the means; means trained by " << opt_.mean_gradient;
+  }
+}
+
+// Batches of steps [step_, total_steps_): this rank's share of each global batch.
+BatchPlan Trainer::TrainingPlan() const {
   const int64_t spe = steps_per_epoch_, first = step_;
   BatchPlan plan;
   plan.num_batches = std::max<int64_t>(0, total_steps_ - first);
@@ -722,6 +906,10 @@ int Trainer::Run() {
     return sampler.LocalBatch(step / spe, step % spe);
   };
   plan.epoch = [spe, first](int64_t k) { return (first + k) / spe; };
+  return plan;
+}
+
+PrefetchConfig Trainer::TrainingLoaderConfig() const {
   PrefetchConfig lc;
   lc.batch = opt_.batch;
   lc.queue_depth = opt_.prefetch;
@@ -729,144 +917,137 @@ int Trainer::Run() {
   lc.seed = seed_;
   lc.transform = spec_.input_transform;
   lc.labels = train_labels_;
-  PrefetchLoader loader(train_source_.get(), plan, lc);
+  return lc;
+}
 
-  const size_t outputs = spec_.outputs.size();
-  std::vector<float> pred(opt_.batch * spec_.NetworkOutputs()), diff(opt_.batch * spec_.NetworkOutputs());
-  const StepLossConfig loss_config{opt_.mse_warmup_epochs * spe, *ParseMeanGradient(opt_.mean_gradient)};
-  std::vector<Parameter>& params = net_->parameters();
-  GradientAllreducer* reducer = reducer_.get();
-  const std::function<void(int)> on_grad_ready = [reducer](int i) { reducer->OnGradReady(i); };
-  const int64_t check_every =
-      opt_.check_weights_every > 0 ? opt_.check_weights_every : (opt_.deterministic ? 100 : 0);
-  double window_loss = 0;
-
-  while (step_ < total_steps_) {
-    const auto t0 = Clock::now();
-    double wait = 0;
-    const PrefetchedBatch* batch = loader.Next(&wait);
-    Status local = batch
-                       ? batch->status
+// The step boundary: one tiny allreduce tells every rank whether any rank was signalled or failed
+// to read its batch, so all of them take the same branch. Sets *comm to the time it took.
+std::optional<int> Trainer::StepBoundary(PrefetchLoader& loader, const PrefetchedBatch* batch,
+                                         double* comm) {
+  Status local = batch ? batch->status
                        : InternalError("input pipeline ended before step " + std::to_string(step_));
-    if (step_ == opt_.debug_die_at_step && world_.rank == opt_.debug_die_rank) {
-      std::fprintf(stderr, "cosmoflow-train: rank %d: --debug-die-at-step=%lld: dying now\n",
-                   world_.rank, static_cast<long long>(step_));
-      std::fflush(stderr);
-      std::raise(SIGKILL);
-    }
-    // The step boundary: one tiny allreduce tells every rank whether any rank was signalled or
-    // failed to read its batch, so all of them take the same branch.
-    int flags[2] = {StopRequested() ? 1 : 0, local.ok() ? 0 : 1};
-    int any[2] = {0, 0};
-    const auto tc = Clock::now();
-    MPI_Allreduce(flags, any, 2, MPI_INT, MPI_MAX, world_.comm);
-    double comm = Seconds(tc, Clock::now());
-    if (any[1]) {
-      Status s = AgreeOnStatus(local, world_.comm);
-      WriteSummary("error");
-      return Fail(s);
-    }
-    if (any[0]) {
-      loader.Release(batch);
-      CF_LOG(WARNING) << "stop requested"
-                      << (StopRequested() ? " (signal " + std::to_string(StopSignal()) + " here)"
-                                          : "")
-                      << ": checkpointing at step " << step_ << " and exiting with "
-                      << kRequeueExitCode << " for requeue";
-      Status s = SaveCheckpoint();
-      WriteSummary(s.ok() ? "stopped" : "error");
-      if (!s.ok()) return Fail(s);
-      return kRequeueExitCode;
-    }
+  MaybeDieForTests();
+  int flags[2] = {StopRequested() ? 1 : 0, local.ok() ? 0 : 1};
+  int any[2] = {0, 0};
+  const auto tc = Clock::now();
+  MPI_Allreduce(flags, any, 2, MPI_INT, MPI_MAX, world_.comm);
+  *comm = Seconds(tc, Clock::now());
+  if (any[1]) return FailRun(AgreeOnStatus(local, world_.comm));
+  if (any[0]) {
+    loader.Release(batch);
+    return StopForRequeue();
+  }
+  return std::nullopt;
+}
 
-    lr_ = schedule_->At(step_);
-    net_->Forward(batch->src.data(), pred.data());
-    window_loss +=
-        StepLoss(spec_, loss_config, step_, pred.data(), batch->labels.data(), opt_.batch, diff.data());
-    reducer_->BeginStep();
-    net_->Backward(diff.data(), on_grad_ready);
+void Trainer::MaybeDieForTests() const {
+  if (step_ == opt_.debug_die_at_step && world_.rank == opt_.debug_die_rank) {
+    std::fprintf(stderr, "cosmoflow-train: rank %d: --debug-die-at-step=%lld: dying now\n",
+                 world_.rank, static_cast<long long>(step_));
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+}
+
+int Trainer::StopForRequeue() {
+  CF_LOG(WARNING) << "stop requested"
+                  << (StopRequested() ? " (signal " + std::to_string(StopSignal()) + " here)" : "")
+                  << ": checkpointing at step " << step_ << " and exiting with " << kRequeueExitCode
+                  << " for requeue";
+  Status s = SaveCheckpoint();
+  WriteSummary(s.ok() ? "stopped" : "error");
+  if (!s.ok()) return Fail(s);
+  return kRequeueExitCode;
+}
+
+// Forward, loss, backward with the gradient allreduce overlapped, optimizer step. Adds the
+// gradient wait to *comm.
+void Trainer::TrainStep(PrefetchLoader& loader, const PrefetchedBatch* batch, double* comm) {
+  lr_ = schedule_->At(step_);
+  GradientAllreducer* reducer = reducer_.get();
+  TrainStepHooks hooks;
+  hooks.before_backward = [reducer] { reducer->BeginStep(); };
+  hooks.on_grad_ready = [reducer](int i) { reducer->OnGradReady(i); };
+  hooks.after_backward = [&loader, batch, reducer] {
     // Only now may the reader reuse the buffer: the first layer's weight gradient reads the input.
     loader.Release(batch);
-    reducer_->FinishStep();
-    comm += reducer_->last_wait_seconds();
-    optimizer_->Step(params, static_cast<float>(lr_));
-    net_->ParametersUpdated();
-    ++step_;
-    samples_seen_ += sampler_->global_batch();
-    if (opt_.debug_step_sleep > 0) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(opt_.debug_step_sleep));
-    }
-
-    const double step_time = Seconds(t0, Clock::now());
-    step_seconds_.push_back(step_time);
-    data_wait_seconds_.push_back(wait);
-    comm_wait_seconds_.push_back(comm);
-    grad_wait_seconds_.push_back(reducer_->last_wait_seconds());
-    comm_span_seconds_.push_back(reducer_->last_comm_span_seconds());
-    window_time_ += step_time;
-    window_wait_ += wait;
-    window_comm_ += comm;
-    ++window_steps_;
-
-    const bool epoch_end = step_ % spe == 0;
-    if (step_ % opt_.log_every == 0 || epoch_end || step_ == total_steps_) {
-      std::vector<double> l = {window_loss, static_cast<double>(window_steps_)};
-      AllreduceSum(l, world_.comm);
-      LogProgress(l[0] / std::max(1.0, l[1]));
-      if (!std::isfinite(l[0])) {  // the same value on every rank, so all of them stop here
-        WriteSummary("error");
-        return Fail(OutOfRangeError("training diverged: loss is " + std::to_string(l[0]) +
-                                    " at step " + std::to_string(step_) +
-                                    " (lower --lr or check the data)"));
-      }
-      window_loss = window_time_ = window_wait_ = window_comm_ = 0;
-      window_steps_ = 0;
-    }
-    if (check_every > 0 && step_ % check_every == 0) {
-      if (!SameOnAllRanks(WeightsChecksum(params), world_.comm)) {
-        WriteSummary("error");
-        return Fail(
-            InternalError("weights differ between ranks after step " + std::to_string(step_)));
-      }
-    }
-    if (val_set_ && (epoch_end || step_ == total_steps_)) {
-      auto val = Validate();
-      if (!val.ok()) {
-        WriteSummary("error");
-        return Fail(val.status());
-      }
-      last_val_ = *val;
-      have_val_ = true;
-      if (root()) {
-        std::ostringstream os;
-        os << "validation epoch " << (step_ - 1) / spe + 1 << ": loss " << val->loss << " MAE "
-           << val->mae << " (normalised), mean relative error";
-        for (size_t o = 0; o < outputs; ++o)
-          os << " " << spec_.outputs[o].name << " " << 100 * val->rel_err[o] << "%";
-        os << " over " << val->count << " cubes";
-        CF_LOG(INFO) << os.str();
-        LogRow row;
-        row.kind = "val";
-        row.epoch = (step_ - 1) / spe;
-        row.step = step_;
-        row.samples_seen = samples_seen_;
-        row.lr = lr_;
-        row.loss = val->loss;
-        row.mae = val->mae;
-        row.rel_err = val->rel_err;
-        row.elapsed_s = Seconds(run_start_, Clock::now());
-        if (log_) log_->Write(row);
-      }
-    }
-    const bool periodic = opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0;
-    if (periodic || epoch_end || step_ == total_steps_) {
-      Status s = SaveCheckpoint();
-      if (!s.ok()) {
-        WriteSummary("error");
-        return Fail(s);
-      }
-    }
+    reducer->FinishStep();
+  };
+  // MSE, or with an uncertainty head the Gaussian NLL after the MSE warm-up (uncertainty_run.h).
+  const StepLossConfig config{opt_.mse_warmup_epochs * steps_per_epoch_,
+                              *ParseMeanGradient(opt_.mean_gradient)};
+  const BatchLoss loss = [this, &config](const float* pred, const float* labels, float* diff) {
+    return StepLoss(spec_, config, step_, pred, labels, opt_.batch, diff);
+  };
+  window_loss_ += TrainOnBatch(*net_, *optimizer_, loss, batch->src.data(), batch->labels.data(),
+                               static_cast<float>(lr_), pred_, diff_, hooks);
+  *comm += reducer_->last_wait_seconds();
+  ++step_;
+  samples_seen_ += sampler_->global_batch();
+  if (opt_.debug_step_sleep > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(opt_.debug_step_sleep));
   }
+}
+
+void Trainer::RecordTiming(double step_seconds, const StepTimes& times) {
+  step_seconds_.push_back(step_seconds);
+  data_wait_seconds_.push_back(times.data_wait);
+  comm_wait_seconds_.push_back(times.comm);
+  grad_wait_seconds_.push_back(reducer_->last_wait_seconds());
+  comm_span_seconds_.push_back(reducer_->last_comm_span_seconds());
+  window_time_ += step_seconds;
+  window_wait_ += times.data_wait;
+  window_comm_ += times.comm;
+  ++window_steps_;
+}
+
+// Every --log-every steps, at epoch ends and at the last step: the loss over the ranks since the
+// last report; stops every rank if it is not finite.
+std::optional<int> Trainer::MaybeLogProgress() {
+  if (!(step_ % opt_.log_every == 0 || EpochEnd() || step_ == total_steps_)) return std::nullopt;
+  std::vector<double> l = {window_loss_, static_cast<double>(window_steps_)};
+  AllreduceSum(l, world_.comm);
+  LogProgress(l[0] / std::max(1.0, l[1]));
+  if (!std::isfinite(l[0])) {  // the same value on every rank, so all of them stop here
+    return FailRun(OutOfRangeError("training diverged: loss is " + std::to_string(l[0]) +
+                                   " at step " + std::to_string(step_) +
+                                   " (lower --lr or check the data)"));
+  }
+  window_loss_ = window_time_ = window_wait_ = window_comm_ = 0;
+  window_steps_ = 0;
+  return std::nullopt;
+}
+
+std::optional<int> Trainer::MaybeCheckWeights() {
+  const int64_t every =
+      opt_.check_weights_every > 0 ? opt_.check_weights_every : (opt_.deterministic ? 100 : 0);
+  if (every <= 0 || step_ % every != 0) return std::nullopt;
+  if (!SameOnAllRanks(WeightsChecksum(net_->parameters()), world_.comm)) {
+    return FailRun(
+        InternalError("weights differ between ranks after step " + std::to_string(step_)));
+  }
+  return std::nullopt;
+}
+
+std::optional<int> Trainer::MaybeValidate() {
+  if (!val_set_ || !(EpochEnd() || step_ == total_steps_)) return std::nullopt;
+  auto val = Validate();
+  if (!val.ok()) return FailRun(val.status());
+  last_val_ = *val;
+  have_val_ = true;
+  LogValidation(*val);
+  return std::nullopt;
+}
+
+std::optional<int> Trainer::MaybeCheckpoint() {
+  const bool periodic = opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0;
+  if (!(periodic || EpochEnd() || step_ == total_steps_)) return std::nullopt;
+  Status s = SaveCheckpoint();
+  if (!s.ok()) return FailRun(s);
+  return std::nullopt;
+}
+
+int Trainer::Finish() {
   // A run resumed at its final step validates (an ensemble needs its posteriors) and writes its
   // checkpoint here (no-op otherwise).
   if (val_set_ && !have_val_) {

@@ -49,7 +49,7 @@ def allreduce_times(args):
 
 def interpolate_allreduce(sizes, nbytes):
     # Sizes stop at 16 MB: glibc serves >= 32 MB temporaries with fresh mmap()s whose page faults
-    # are very slow in this VM (a 32 MB allreduce took ~0.3 s), and the trainer's buckets stay
+    # are very slow in a VM (they would dominate the timing), and the trainer's buckets stay
     # below 25 MB. Larger sizes scale linearly from the largest one (bandwidth-bound).
     for s in sizes:
         if s["bytes"] >= nbytes:

@@ -32,11 +32,8 @@ bool FindHeaderValue(const std::string& header, const std::string& key, std::str
   return true;
 }
 
-}  // namespace
-
-StatusOr<Cube> ReadNpy(const std::string& path, AxisLayout layout) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(path + ": cannot open .npy file");
+// Reads the magic, the version and the header dict text.
+StatusOr<std::string> ReadHeader(std::ifstream& in, const std::string& path) {
   char magic[8];
   if (!in.read(magic, 8)) return DataLossError(path + ": truncated .npy (no header)");
   if (std::memcmp(magic, kMagic, 6) != 0) return InvalidArgumentError(path + ": not a .npy file (bad magic)");
@@ -56,55 +53,66 @@ StatusOr<Cube> ReadNpy(const std::string& path, AxisLayout layout) {
   if (header_len > (1u << 20)) return InvalidArgumentError(path + ": .npy header too large");
   std::string header(header_len, '\0');
   if (!in.read(header.data(), header_len)) return DataLossError(path + ": truncated .npy header");
+  return header;
+}
 
+StatusOr<DType> ParseDescr(const std::string& descr, const std::string& path) {
+  if (descr == "'<i2'" || descr == "'|i2'") return DType::kInt16;
+  if (descr == "'<f4'") return DType::kFloat32;
+  return InvalidArgumentError(path + ": unsupported dtype " + descr +
+                              " (expected little-endian int16 '<i2' or float32 '<f4')");
+}
+
+// shape_text is "(a, b, c)" or "(a, b, c, d)".
+StatusOr<std::vector<int64_t>> ParseDims(const std::string& shape_text, const std::string& path) {
+  std::vector<int64_t> dims;
+  std::string s = shape_text.substr(1, shape_text.size() - 2);
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t a = tok.find_first_not_of(' ');
+    if (a != std::string::npos) {
+      try {
+        dims.push_back(std::stoll(tok.substr(a)));
+      } catch (...) {
+        return InvalidArgumentError(path + ": malformed shape " + shape_text);
+      }
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  for (auto d : dims)
+    if (d <= 0 || d > (1 << 20)) return InvalidArgumentError(path + ": invalid extent in shape " + shape_text);
+  return dims;
+}
+
+// The cube's shape, channel-first, from the array's extents.
+StatusOr<CubeShape> CubeShapeOf(const std::vector<int64_t>& dims, AxisLayout layout, const std::string& shape_text,
+                                const std::string& path) {
+  if (dims.size() == 3) return CubeShape{1, int(dims[0]), int(dims[1]), int(dims[2])};
+  if (dims.size() == 4 && layout == AxisLayout::kChannelFirst)
+    return CubeShape{int(dims[0]), int(dims[1]), int(dims[2]), int(dims[3])};
+  if (dims.size() == 4) return CubeShape{int(dims[3]), int(dims[0]), int(dims[1]), int(dims[2])};
+  return InvalidArgumentError(path + ": array of rank " + std::to_string(dims.size()) + " " + shape_text +
+                              "; a cube must be (D,H,W), (C,D,H,W) or (D,H,W,C)");
+}
+
+}  // namespace
+
+StatusOr<Cube> ReadNpy(const std::string& path, AxisLayout layout) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(path + ": cannot open .npy file");
+  CF_ASSIGN_OR_RETURN(std::string header, ReadHeader(in, path));
   std::string descr, fortran, shape_text;
   if (!FindHeaderValue(header, "descr", &descr) || !FindHeaderValue(header, "fortran_order", &fortran) ||
       !FindHeaderValue(header, "shape", &shape_text))
     return InvalidArgumentError(path + ": malformed .npy header: " + header);
   if (fortran != "False")
     return InvalidArgumentError(path + ": Fortran-order arrays are not supported (save with C order)");
-  DType dtype;
-  if (descr == "'<i2'" || descr == "'|i2'") {
-    dtype = DType::kInt16;
-  } else if (descr == "'<f4'") {
-    dtype = DType::kFloat32;
-  } else {
-    return InvalidArgumentError(path + ": unsupported dtype " + descr +
-                                " (expected little-endian int16 '<i2' or float32 '<f4')");
-  }
-  // shape_text is "(a, b, c)" or "(a, b, c, d)".
-  std::vector<int64_t> dims;
-  {
-    std::string s = shape_text.substr(1, shape_text.size() - 2);
-    size_t pos = 0;
-    while (pos < s.size()) {
-      size_t comma = s.find(',', pos);
-      std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      size_t a = tok.find_first_not_of(' ');
-      if (a != std::string::npos) {
-        try {
-          dims.push_back(std::stoll(tok.substr(a)));
-        } catch (...) {
-          return InvalidArgumentError(path + ": malformed shape " + shape_text);
-        }
-      }
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-    }
-  }
-  for (auto d : dims)
-    if (d <= 0 || d > (1 << 20)) return InvalidArgumentError(path + ": invalid extent in shape " + shape_text);
-  CubeShape shape;
-  if (dims.size() == 3) {
-    shape = {1, int(dims[0]), int(dims[1]), int(dims[2])};
-  } else if (dims.size() == 4 && layout == AxisLayout::kChannelFirst) {
-    shape = {int(dims[0]), int(dims[1]), int(dims[2]), int(dims[3])};
-  } else if (dims.size() == 4) {
-    shape = {int(dims[3]), int(dims[0]), int(dims[1]), int(dims[2])};
-  } else {
-    return InvalidArgumentError(path + ": array of rank " + std::to_string(dims.size()) + " " + shape_text +
-                                "; a cube must be (D,H,W), (C,D,H,W) or (D,H,W,C)");
-  }
+  CF_ASSIGN_OR_RETURN(DType dtype, ParseDescr(descr, path));
+  CF_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ParseDims(shape_text, path));
+  CF_ASSIGN_OR_RETURN(CubeShape shape, CubeShapeOf(dims, layout, shape_text, path));
   CF_RETURN_IF_ERROR(shape.Validate().WithContext(path));
   const size_t bytes = static_cast<size_t>(shape.elements()) * DTypeSize(dtype);
   if (dims.size() == 4 && layout == AxisLayout::kChannelLast) {

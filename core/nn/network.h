@@ -37,9 +37,9 @@ bool Bf16Supported();
 
 // Kernel choices forced by the caller, by key; an absent key or "auto" leaves the choice to the
 // rule. Keys and values (docs/engine.md has the candidates' rules):
-//   "conv.fwd"          onednn
-//   "conv.bwd_data"     transposed | onednn
-//   "conv.bwd_weights"  channels_last_wgrad | first_conv_wgrad | onednn
+//   "conv.fwd"          fft | onednn
+//   "conv.bwd_data"     fft | transposed | onednn
+//   "conv.bwd_weights"  fft | channels_last_wgrad | first_conv_wgrad | onednn
 //   "conv.layout"       channels_last | no_channels_last
 //   "first_block"       fused | onednn
 // "convN.<pass>" (N a conv's index, e.g. "conv1.bwd_data") applies to one conv and wins over

@@ -11,8 +11,8 @@
 #include "core/nn/loss.h"
 #include "core/nn/optimizer.h"
 #include "core/nn/schedule.h"
-#include "core/nn/train_loop.h"
 #include "core/nn/uncertainty.h"
+#include "tests/common/train_loop.h"
 #include "tests/nn/test_util.h"
 
 namespace cosmoflow {

@@ -2,6 +2,7 @@
 // and whole-file helpers come from tests/common/files.h).
 #pragma once
 
+#include <sys/wait.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -60,6 +61,14 @@ inline void WriteGzip(const std::string& path, const std::string& data) {
   gzFile f = gzopen(path.c_str(), "wb1");
   gzwrite(f, data.data(), static_cast<unsigned>(data.size()));
   gzclose(f);
+}
+
+// Runs a shell command; returns its exit status and fills *err with its stderr.
+inline int RunCommand(const std::string& command, const std::string& err_file,
+                      std::string* err = nullptr) {
+  const int rc = std::system((command + " >/dev/null 2>" + err_file).c_str());
+  if (err) *err = ReadAll(err_file);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 }  // namespace testing

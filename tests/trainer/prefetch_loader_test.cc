@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 
 #include "trainer/sampler.h"
 
@@ -144,16 +147,79 @@ TEST_F(PrefetchLoaderTest, MissingParameterNamesAreAnError) {
   EXPECT_NE(m.status().message().find("--train x.h5"), std::string::npos);
 }
 
+// Serves another source's samples and holds every cube read from the `hold_from`-th on until
+// Open(), so a test can tell what the reader did before the consumer asked.
+class GatedSource final : public SampleSource {
+ public:
+  GatedSource(const SampleSource* inner, int hold_from) : inner_(inner), hold_from_(hold_from) {}
+  const DatasetInfo& info() const override { return inner_->info(); }
+  int64_t size() const override { return inner_->size(); }
+  Status ReadCube(int64_t index, int16_t* dst) const override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (reads_++ >= hold_from_) {
+      held_ = true;
+      cv_.notify_all();
+      // Bounded, so that a broken loader fails the test instead of hanging it.
+      cv_.wait_for(lock, std::chrono::seconds(60), [&] { return open_; });
+    }
+    lock.unlock();
+    return inner_->ReadCube(index, dst);
+  }
+  Status ReadParams(int64_t index, float* dst) const override {
+    return inner_->ReadParams(index, dst);
+  }
+  // Waits until a read is being held (up to 60 s); false on timeout.
+  bool WaitUntilHeld() const {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return held_; });
+  }
+  bool opened() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return open_;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  const SampleSource* inner_;
+  const int hold_from_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable int reads_ = 0;
+  mutable bool held_ = false;
+  bool open_ = false;
+};
+
 TEST_F(PrefetchLoaderTest, ReaderRunsAheadOfTheConsumer) {
-  auto source = MakeDatasetSource(dataset_.get());
-  PrefetchLoader loader(source.get(), Plan(), Config(false));
-  usleep(200 * 1000);  // plenty for the producer to fill its queue
-  double wait = 0;
+  auto disk = MakeDatasetSource(dataset_.get());
+  // Batches of 2: reads 0-3 are batches 0 and 1; the first read of batch 2 is held.
+  GatedSource source(disk.get(), /*hold_from=*/4);
+  PrefetchLoader loader(&source, Plan(), Config(false));
+  // The reader has finished batches 0 and 1 (it fills a batch before it starts the next) while the
+  // consumer has not asked for anything yet.
+  ASSERT_TRUE(source.WaitUntilHeld()) << "the reader did not start batch 2 on its own";
   for (int k = 0; k < 2; ++k) {
-    const PrefetchedBatch* b = loader.Next(&wait);
+    const PrefetchedBatch* b = loader.Next(nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->number, k);
+    EXPECT_TRUE(b->status.ok()) << b->status.ToString();
+    // Served while the reader is still held: the batch was ready, not read on demand.
+    EXPECT_FALSE(source.opened());
     loader.Release(b);
   }
-  EXPECT_LT(wait, 0.01) << "prefetched batches should be ready without waiting";
+  source.Open();
+  for (int k = 2; k < 4; ++k) {
+    const PrefetchedBatch* b = loader.Next(nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->number, k);
+    loader.Release(b);
+  }
+  EXPECT_EQ(loader.Next(nullptr), nullptr);
 }
 
 }  // namespace

@@ -68,6 +68,13 @@ class TrainerE2ETest : public ::testing::Test {
     spec->layers = layers;
     spec->name = "tiny32_nodrop";
     std::ofstream(data_ + "/nodrop.json") << spec->ToJson();
+    // The same with batch_norm after conv1 + leaky ReLU (statistics across ranks).
+    LayerSpec bn;
+    bn.type = LayerType::kBatchNorm;
+    spec->layers.insert(spec->layers.begin() + 5, bn);
+    spec->name = "tiny32_nodrop_bn";
+    ASSERT_TRUE(spec->Validate().ok()) << spec->Validate().ToString();
+    std::ofstream(data_ + "/nodrop_bn.json") << spec->ToJson();
   }
   static void TearDownTestSuite() { std::system(("rm -rf '" + data_ + "'").c_str()); }
 
@@ -145,6 +152,27 @@ class TrainerE2ETest : public ::testing::Test {
   std::string dir_;
 };
 std::string TrainerE2ETest::data_;
+
+// batch_norm end to end: its statistics span the ranks, so 2 ranks x batch 4 train the weights
+// and running statistics of 1 rank x batch 8, and the checkpoint holds the running statistics.
+TEST_F(TrainerE2ETest, BatchNormTwoRanksOfBatchBGiveTheWeightsOfOneRankOfBatch2B) {
+  const std::string common =
+      " --spec=" + data_ + "/nodrop_bn.json --epochs=2 --recipe=constant --lr=0.0003 --seed=3";
+  RunResult two = Train(2, dir_ + "/two", "--batch=4" + common);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_NE(two.err.find("spec has batch_norm: using --allreduce=nonblocking"), std::string::npos) << two.err;
+  RunResult one = Train(1, dir_ + "/one", "--batch=8" + common);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  Checkpoint a = Latest(dir_ + "/two"), b = Latest(dir_ + "/one");
+  EXPECT_EQ(a.state.step, 8);
+  EXPECT_LT(RelativeDifference(a, b), 1e-4);
+  bool moved = false;
+  for (const auto& t : a.weights) {
+    if (t.name != "bn0.running_mean") continue;
+    for (float v : t.data) moved = moved || v != 0.f;
+  }
+  EXPECT_TRUE(moved) << "bn0.running_mean missing from the checkpoint or never updated";
+}
 
 TEST_F(TrainerE2ETest, TwoRanksOfBatchBGiveTheWeightsOfOneRankOfBatch2B) {
   const std::string common =

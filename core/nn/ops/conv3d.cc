@@ -155,8 +155,8 @@ class ConvOp : public Op {
     g_ = ConvGeomOf(src_md.dims(), a.layer());
     const bool fuse = leaky != nullptr;
     const float alpha = fuse ? leaky->alpha : 0.f;
+    alpha_ = fuse ? alpha : -1.f;
     ChooseLayoutAndForward(c, LeakyAttr(fuse, alpha));
-    fwd_ = dnnl::convolution_forward(fwd_pd_);
     dst_md = fwd_pd_.dst_desc();
     dst = memory(dst_md, c.eng);
     bias_ = memory(memory::desc({g_.oc}, Dt::f32, Tag::x), c.eng, b_.value.data());
@@ -167,10 +167,15 @@ class ConvOp : public Op {
       onednn_bwd_w_pd_ = OneDnnBwdWeightsPd(c, g_, conv_src_md_, fwd_pd_);
       leaky_bwd_.Init(c, fuse, alpha, dst_md);
     }
+    const ConvSetup s = Setup(c);
+    const auto& fl = FwdCandidates();
+    const size_t fi = ChooseCandidate(fl, s, c.Forced(base_name_, "conv", "fwd"));
+    fwd_name_ = fl[fi].name;
+    fwd_ = fl[fi].make(s);
   }
 
   void SetUpBackward(OpContext& c, bool need_diff_src) override {
-    const ConvSetup s{c, g_, first_op_, conv_src_md_, dst_md, fwd_pd_, onednn_bwd_w_pd_, w_, b_, weights_};
+    const ConvSetup s = Setup(c);
     const auto& wl = BwdWeightsCandidates();
     const size_t wi = ChooseCandidate(wl, s, c.Forced(base_name_, "conv", "bwd_weights"));
     bwd_w_name_ = wl[wi].name;
@@ -188,8 +193,7 @@ class ConvOp : public Op {
 
   void Forward(OpContext& c) override {
     if (reorder_src_) src_reorder_.execute(c.strm, src, conv_src_);
-    fwd_.execute(c.strm, {{DNNL_ARG_SRC, conv_src_}, {DNNL_ARG_WEIGHTS, weights_.fwd}, {DNNL_ARG_BIAS, bias_},
-                          {DNNL_ARG_DST, dst}});
+    fwd_->Run(c, conv_src_, bias_, &dst);
   }
 
   void Backward(OpContext& c, bool need_diff_src) override {
@@ -203,25 +207,31 @@ class ConvOp : public Op {
 
   void RefreshWeights(OpContext& c) override {
     weights_.Refresh(c);
+    fwd_->Refresh(c);
+    if (bwd_w_) bwd_w_->Refresh(c);
     if (bwd_d_) bwd_d_->Refresh(c);
   }
   double FwdFlops() const override { return g_.Flops(); }
   double BwdFlops(bool need_diff_src) const override { return g_.Flops() * (need_diff_src ? 2 : 1); }
   std::vector<KernelChoice> Kernels() const override {
-    std::vector<KernelChoice> k = {
-        {name_, "fwd", "onednn", fwd_pd_.impl_info_str() + std::string(reorder_src_ ? " (src reordered)" : "")}};
+    std::vector<KernelChoice> k = {{name_, "fwd", fwd_name_, fwd_->Impl() + (reorder_src_ ? " (src reordered)" : "")}};
     if (bwd_w_) k.push_back({name_, "bwd_weights", bwd_w_name_, bwd_w_->Impl()});
     if (bwd_d_) k.push_back({name_, "bwd_data", bwd_d_name_, bwd_d_->Impl()});
     return k;
   }
   int64_t WorkspaceBytes() const override {
     int64_t bytes = reorder_src_ ? static_cast<int64_t>(conv_src_md_.get_size()) * (bwd_d_ ? 2 : 1) : 0;
+    bytes += fwd_->WorkspaceBytes();
     if (bwd_w_) bytes += bwd_w_->WorkspaceBytes();
     if (bwd_d_) bytes += bwd_d_->WorkspaceBytes();
     return bytes;
   }
 
  private:
+  ConvSetup Setup(OpContext& c) const {
+    return ConvSetup{c, g_, first_op_, conv_src_md_, dst_md, fwd_pd_, onednn_bwd_w_pd_, w_, b_, weights_, alpha_};
+  }
+
   void ChooseLayoutAndForward(OpContext& c, const dnnl::primitive_attr& attr) {
     const memory::dims in_dims = src_md.dims();
     const std::string layout = c.Forced(base_name_, "conv", "layout");
@@ -251,14 +261,29 @@ class ConvOp : public Op {
   memory conv_src_, conv_diff_src_;
   dnnl::reorder src_reorder_, diff_src_reorder_;
   bool reorder_src_ = false;
+  float alpha_ = -1.f;
   dnnl::convolution_forward::primitive_desc fwd_pd_;
-  dnnl::convolution_forward fwd_;
   dnnl::convolution_backward_weights::primitive_desc onednn_bwd_w_pd_;
   WorkingWeights weights_;
   memory bias_;
   FusedLeakyBwd leaky_bwd_;
-  std::unique_ptr<ConvPassKernel> bwd_w_, bwd_d_;
-  std::string bwd_w_name_, bwd_d_name_;
+  std::unique_ptr<ConvPassKernel> fwd_, bwd_w_, bwd_d_;
+  std::string fwd_name_, bwd_w_name_, bwd_d_name_;
+};
+
+// oneDNN's forward primitive on the layout ConvOp chose (bias and leaky ReLU fused).
+class OneDnnFwdKernel : public ConvPassKernel {
+ public:
+  explicit OneDnnFwdKernel(const ConvSetup& s) : pd_(s.fwd_pd), prim_(pd_), weights_(s.weights.fwd) {}
+  void Run(OpContext& c, const memory& src, const memory& bias, memory* dst) override {
+    prim_.execute(c.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, *dst}});
+  }
+  std::string Impl() const override { return pd_.impl_info_str(); }
+
+ private:
+  dnnl::convolution_forward::primitive_desc pd_;
+  dnnl::convolution_forward prim_;
+  memory weights_;
 };
 
 // Whether oneDNN has non-reference kernels for every pass of a conv reading src_md.
@@ -270,6 +295,15 @@ bool AllPassesReal(OpContext& c, const ConvGeom& g, const dnnl::convolution_forw
 }
 
 }  // namespace
+
+const std::vector<ConvCandidate>& FwdCandidates() {
+  static const std::vector<ConvCandidate> kList = {
+      FftFwdCandidate(),
+      {"onednn", [](const ConvSetup&) { return true; }, [](const ConvSetup&) { return true; },
+       [](const ConvSetup& s) -> std::unique_ptr<ConvPassKernel> { return std::make_unique<OneDnnFwdKernel>(s); }},
+  };
+  return kList;
+}
 
 int PreferredConvSrcLayout(OpContext& c, const memory::dims& dims, const LayerSpec& l,
                            const std::vector<std::pair<memory::desc, int>>& candidates) {

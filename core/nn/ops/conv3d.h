@@ -7,9 +7,9 @@
 // problem, else the first supported candidate the rule prefers. The last candidate of every list
 // (oneDNN's primitive) supports everything, so there is always a choice.
 //   pass         candidates (list order)
-//   fwd          onednn (direct convolution, layout chosen by ConvOp)
-//   bwd_data     transposed (a forward conv of the transposed problem), onednn
-//   bwd_weights  channels_last_wgrad, first_conv_wgrad (our kernels), onednn
+//   fwd          fft (FFT-tiled, conv3d_fft.cc), onednn (direct convolution, layout chosen by ConvOp)
+//   bwd_data     fft, transposed (a forward conv of the transposed problem), onednn
+//   bwd_weights  fft, channels_last_wgrad, first_conv_wgrad (our direct kernels), onednn
 #pragma once
 
 #include <cstdint>
@@ -48,15 +48,17 @@ struct ConvSetup {
   ParamStore& w;
   ParamStore& b;
   const WorkingWeights& weights;  // forward's working copy and the master
+  float leaky_alpha;               // the fused leaky ReLU's slope, or -1 without one
   bool Fp32ChannelsLast() const;
 };
 
-// One backward pass of one conv. bwd_weights: reads src and diff_dst, overwrites the parameters'
-// gradients; bwd_data: reads diff_dst, writes diff_src.
+// One pass of one conv. Run(c, a, b, out): fwd reads src (a) and writes dst (out) with bias and
+// the fused activation; bwd_data reads diff_dst (b) and writes diff_src (out); bwd_weights reads
+// src (a) and diff_dst (b) and overwrites the parameters' gradients (out unused).
 class ConvPassKernel {
  public:
   virtual ~ConvPassKernel() = default;
-  virtual void Run(OpContext& c, const dnnl::memory& src, const dnnl::memory& diff_dst, dnnl::memory* diff_src) = 0;
+  virtual void Run(OpContext& c, const dnnl::memory& a, const dnnl::memory& b, dnnl::memory* out) = 0;
   virtual void Refresh(OpContext& c) {}  // after the weights changed
   virtual std::string Impl() const = 0;
   virtual int64_t WorkspaceBytes() const { return 0; }
@@ -68,8 +70,13 @@ struct ConvCandidate {
   bool (*preferred)(const ConvSetup& s);  // asked only when supported
   std::unique_ptr<ConvPassKernel> (*make)(const ConvSetup& s);
 };
+const std::vector<ConvCandidate>& FwdCandidates();         // conv3d.cc
 const std::vector<ConvCandidate>& BwdDataCandidates();     // conv3d_bwd_data.cc
 const std::vector<ConvCandidate>& BwdWeightsCandidates();  // conv3d_bwd_weights.cc
+// The FFT-tiled candidates of the three passes (conv3d_fft.cc).
+ConvCandidate FftFwdCandidate();
+ConvCandidate FftBwdDataCandidate();
+ConvCandidate FftBwdWeightsCandidate();
 
 // The forced candidate if it supports the problem, else the rule's: the chosen entry's index.
 size_t ChooseCandidate(const std::vector<ConvCandidate>& list, const ConvSetup& s, const std::string& forced);

@@ -1,5 +1,7 @@
-// A single-process training loop: a spec, a Dataset, N optimizer steps. The MPI trainer builds its
-// own loop from the same pieces (Network, ComputeLoss, Optimizer, LrSchedule, BatchLoader).
+// A single-process training loop for the tests: a spec, a Dataset, N optimizer steps. The product
+// has one training loop, the MPI trainer's (trainer/trainer.cc); this one runs the same step
+// (TrainOnBatch, trainer/train_step.h) without ranks, so the engine's learning and determinism can
+// be tested without MPI.
 //
 // Deterministic mode: with the same seed, data and thread count, the weights after N steps are
 // bit-identical between runs (sample order, dropout masks and initialisation come from the seed;

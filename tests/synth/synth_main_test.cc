@@ -1,4 +1,4 @@
-// The `synth` and `cosmoflow-import` programs, run as a user runs them.
+// The `synth` program (synth/synth_main.cc), run as a user runs it.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -15,20 +15,10 @@ namespace cosmoflow {
 namespace synth {
 namespace {
 
-using testing::ReadAll;
-using testing::RealFiles;
+using testing::RunCommand;
 using testing::TempDir;
 
 const std::string kSynth = std::string(COSMOFLOW_BINARY_DIR) + "/synth/synth";
-const std::string kImport = std::string(COSMOFLOW_BINARY_DIR) + "/synth/cosmoflow-import";
-
-// Runs a shell command; returns its exit status and fills *err with its stderr.
-int RunCommand(const std::string& command, const std::string& err_file,
-               std::string* err = nullptr) {
-  const int rc = std::system((command + " >/dev/null 2>" + err_file).c_str());
-  if (err) *err = ReadAll(err_file);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
 
 TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
   TempDir dir("synth-cli");
@@ -114,9 +104,11 @@ TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
 
 TEST(SynthCliTest, CreatesMissingParentDirectoriesAndNamesAnUnusableOne) {
   TempDir dir("synth-cli-dirs");
-  const std::string common = " --side 8 --voxel-size 2 --samples 1 --threads 1 --quiet --displacement za";
+  const std::string common =
+      " --side 8 --voxel-size 2 --samples 1 --threads 1 --quiet --displacement za";
   std::string err;
-  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "runs/one/train" + common, dir / "err", &err), 0) << err;
+  ASSERT_EQ(RunCommand(kSynth + " --out " + dir / "runs/one/train" + common, dir / "err", &err), 0)
+      << err;
   EXPECT_TRUE(std::filesystem::exists(dir / "runs/one/train/synth-00000000.h5"));
   // A regular file where a parent directory should be: exit 1, one line naming the path.
   testing::WriteAll(dir / "blocker", "x");
@@ -146,39 +138,6 @@ TEST(SynthCliTest, BadFlagsGiveOneLineAndStatus2) {
     EXPECT_NE(err.find(needle), std::string::npos) << args << " -> " << err;
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << args << " -> " << err;
   }
-}
-
-TEST(ImportCliTest, ExitStatusSaysWhatHappened) {
-  auto files = RealFiles();
-  CF_REQUIRE_REAL_DATA(files);
-  TempDir dir("import-cli");
-  std::string stream = testing::Gunzip(files[0]);
-  stream.resize(stream.size() / 2);  // truncated record
-  testing::WriteGzip(dir / "cut.tfrecord", stream);
-  testing::WriteAll(dir / "list.txt",
-                    files[0] + "\n" + dir / "cut.tfrecord" + "\n" + files[1] + "\n");
-  std::string err;
-  EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o1" + " --files-from " + dir / "list.txt",
-                       dir / "err", &err),
-            1);
-  EXPECT_NE(err.find("cut.tfrecord"), std::string::npos) << err;
-  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
-  EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o2" + " --files-from " + dir / "list.txt" +
-                           " --skip-corrupt",
-                       dir / "err", &err),
-            3)
-      << err;
-  EXPECT_NE(err.find("1 corrupt records skipped"), std::string::npos) << err;
-  // The shard is named after the list.
-  auto d = Dataset::Open(dir / "o2/list-00000000.h5");
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_EQ((*d)->size(), 2);
-  EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o3 " + files[2], dir / "err", &err), 0) << err;
-  EXPECT_NE(err.find("MB/s"), std::string::npos) << err;
-  EXPECT_EQ(RunCommand(kImport + " --out " + dir / "o4", dir / "err", &err), 2);
-  EXPECT_NE(err.find("no input files"), std::string::npos) << err;
-  EXPECT_EQ(RunCommand(kImport + " " + files[2], dir / "err", &err), 2);
-  EXPECT_NE(err.find("--out"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Runs under `mpirun -np 2`: gradient averaging on fused buckets and the agreement helpers, on
-// real MPI ranks. Each rank runs the same GoogleTest cases; a failure on any rank fails mpirun.
+// Runs under `mpirun -np 2`: gradient averaging on fused buckets (grad_allreducer.cc) and the
+// agreement helpers (mpi_util.cc), on real MPI ranks. Each rank runs the same GoogleTest cases; a
+// failure on any rank fails mpirun.
 #include <gtest/gtest.h>
 #include <mpi.h>
 

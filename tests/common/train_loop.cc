@@ -1,12 +1,25 @@
-#include "core/nn/train_loop.h"
+#include "tests/common/train_loop.h"
 
 #include <chrono>
 #include <cmath>
 
 #include "core/base/log.h"
-#include "core/nn/network_internal.h"
+#include "trainer/train_step.h"
+#include "trainer/uncertainty_run.h"
 
 namespace cosmoflow {
+namespace {
+
+// SplitMix64's finaliser (the same function core/nn uses for its seeds), kept here so that the
+// tests' shuffle does not depend on the engine's internal header.
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<BatchLoader>> BatchLoader::Create(const Dataset* dataset, const ModelSpec& spec, int batch,
                                                            bool shuffle, uint64_t seed) {
@@ -39,9 +52,9 @@ void BatchLoader::Reshuffle() {
   for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int64_t>(i);
   if (!shuffle_) return;
   // Fisher-Yates with our own hash so the order is the same on every platform and library.
-  uint64_t state = nn_internal::SplitMix64(seed_ ^ (0xA5A5A5A5ull + static_cast<uint64_t>(epoch_)));
+  uint64_t state = SplitMix64(seed_ ^ (0xA5A5A5A5ull + static_cast<uint64_t>(epoch_)));
   for (size_t i = order_.size(); i > 1; --i) {
-    state = nn_internal::SplitMix64(state);
+    state = SplitMix64(state);
     size_t j = static_cast<size_t>(state % i);
     std::swap(order_[i - 1], order_[j]);
   }
@@ -101,29 +114,24 @@ StatusOr<TrainResult> TrainSingleProcess(const ModelSpec& spec, const Dataset& d
   const int64_t in = int64_t{spec.input_channels} * spec.input_side * spec.input_side * spec.input_side;
   const int64_t p = static_cast<int64_t>(spec.outputs.size()), w = spec.NetworkOutputs();
   std::vector<float> x(in * config.batch), labels(p * config.batch), y(w * config.batch), diff(w * config.batch);
+  StepLossConfig head_loss{config.mse_warmup_steps, config.mean_gradient};
   TrainResult result;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < config.steps; ++step) {
     CF_RETURN_IF_ERROR(loader->Next(x.data(), labels.data()));
-    net->Forward(x.data(), y.data());
-    const int pi = static_cast<int>(p);
-    double loss;
-    if (spec.uncertainty == UncertaintyHead::kNone) {
-      loss = ComputeLoss(config.loss, y.data(), labels.data(), p * config.batch, diff.data());
-    } else if (step < config.mse_warmup_steps) {
-      loss = MeanSquaredErrorOfMeans(spec.uncertainty, pi, y.data(), labels.data(), config.batch, diff.data());
-    } else {
-      loss = GaussianNll(spec.uncertainty, pi, y.data(), labels.data(), config.batch, diff.data(),
-                         config.mean_gradient);
-    }
+    const double lr = schedule.Value(step);
+    // A spec with an uncertainty head: the Gaussian NLL after the MSE warm-up (StepLoss).
+    const BatchLoss batch_loss = [&](const float* pred, const float* l, float* d) {
+      if (spec.uncertainty == UncertaintyHead::kNone)
+        return ComputeLoss(config.loss, pred, l, p * config.batch, d);
+      return StepLoss(spec, head_loss, step, pred, l, config.batch, d);
+    };
+    const double loss =
+        TrainOnBatch(*net, *opt, batch_loss, x.data(), labels.data(), static_cast<float>(lr), y, diff);
     if (!std::isfinite(loss)) {
       return AbortedError("train: loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
                           " (learning rate too high?)");
     }
-    net->Backward(diff.data());
-    const double lr = schedule.Value(step);
-    opt->Step(net->parameters(), static_cast<float>(lr));
-    net->ParametersUpdated();
     result.losses.push_back(loss);
     if (on_step) on_step(step, loss, lr);
     if (config.log_every > 0 && (step + 1) % config.log_every == 0) {
