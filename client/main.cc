@@ -2,6 +2,7 @@
 // A thin shell: read a cube (core/io), send it, print the answer. See docs/serving.md.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -156,6 +157,101 @@ std::string Format(double v) {
   return buf;
 }
 
+// "0.3012 ± 0.0061": sigma to two significant digits and the value to the same decimal place (the
+// digits beyond carry no information).
+std::string FormatWithSigma(double value, double sigma) {
+  if (!(sigma > 0) || !std::isfinite(sigma)) return Format(value);
+  const int decimals = std::clamp(1 - int(std::floor(std::log10(sigma))), 0, 12);
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%.*f \u00b1 %.*f", decimals, value, decimals, sigma);
+  return buf;
+}
+
+bool HasUncertainty(const v1::PredictResponse& r) {
+  return r.parameters_size() > 0 && r.parameters(0).has_sigma() &&
+         r.covariance_size() == r.parameters_size() * r.parameters_size();
+}
+
+// {"parameters", "units", "sigma", "covariance"}: sigma and covariance (rows in output order) are
+// null when the model has no uncertainty, never 0.
+void AddPrediction(const v1::PredictResponse& resp, nlohmann::ordered_json* j) {
+  nlohmann::ordered_json params = nlohmann::ordered_json::object(),
+                         units = nlohmann::ordered_json::object(), sigma = nullptr, cov = nullptr;
+  for (const auto& p : resp.parameters()) {
+    params[p.name()] = p.value();
+    units[p.name()] = p.unit();
+  }
+  if (HasUncertainty(resp)) {
+    const int n = resp.parameters_size();
+    sigma = nlohmann::ordered_json::object();
+    cov = nlohmann::ordered_json::array();
+    for (int i = 0; i < n; ++i) {
+      sigma[resp.parameters(i).name()] = resp.parameters(i).sigma();
+      cov.push_back(std::vector<double>(resp.covariance().begin() + i * n, resp.covariance().begin() + (i + 1) * n));
+    }
+  }
+  (*j)["parameters"] = params;
+  (*j)["units"] = units;
+  (*j)["sigma"] = sigma;
+  (*j)["covariance"] = cov;
+}
+
+void PrintPredictionTable(const v1::PredictResponse& resp) {
+  const bool unc = HasUncertainty(resp);
+  std::printf("%-10s %-22s %s\n", "parameter", unc ? "value \u00b1 sigma" : "value", "unit");
+  for (const auto& p : resp.parameters()) {
+    const std::string v = unc ? FormatWithSigma(p.value(), p.sigma()) : Format(p.value());
+    std::printf("%-10s %-22s %s\n", p.name().c_str(), v.c_str(), p.unit().c_str());
+  }
+  if (!unc) {
+    std::printf("uncertainty: none (this model gives no sigma)\n");
+    return;
+  }
+  const int n = resp.parameters_size();
+  std::string line;
+  for (int i = 0; i < n; ++i)
+    for (int j = i + 1; j < n; ++j) {
+      const double r = resp.covariance(i * n + j) /
+                       std::sqrt(resp.covariance(i * n + i) * resp.covariance(j * n + j));
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "%s%s/%s %+.2f", line.empty() ? "" : ", ",
+                    resp.parameters(i).name().c_str(), resp.parameters(j).name().c_str(), r);
+      line += buf;
+    }
+  if (!line.empty()) std::printf("correlation: %s\n", line.c_str());
+}
+
+// "ensemble of 5 (gaussian_full heads), calibrated x1.04 / 0.98 / 2.1 on 512 validation cubes"
+std::string UncertaintyText(const v1::ModelInfo& info) {
+  std::string t = info.uncertainty().empty() ? "none" : info.uncertainty();
+  if (t == "ensemble") t += " of " + std::to_string(info.ensemble_members());
+  if (info.uncertainty_head() != "none" && !info.uncertainty_head().empty())
+    t += " (" + info.uncertainty_head() + " head" + (info.ensemble_members() > 1 ? "s)" : ")");
+  if (info.calibration_size() > 0) {
+    t += ", sigma calibrated x";
+    char f[32];
+    for (int i = 0; i < info.calibration_size(); ++i) {
+      std::snprintf(f, sizeof(f), "%.3g", info.calibration(i));
+      t += (i ? " / " : "") + std::string(f);
+    }
+    t += " on " + std::to_string(info.calibration_samples()) + " validation cubes";
+  }
+  return t;
+}
+
+// ModelInfo's uncertainty fields, for info --json.
+void AddUncertaintyInfo(const v1::ModelInfo& info, nlohmann::json* j) {
+  (*j)["uncertainty"] = info.uncertainty().empty() ? "none" : info.uncertainty();
+  (*j)["uncertainty_head"] = info.uncertainty_head();
+  (*j)["ensemble_members"] = info.ensemble_members();
+  (*j)["calibration"] = std::vector<double>(info.calibration().begin(), info.calibration().end());
+  (*j)["calibration_samples"] = info.calibration_samples();
+  (*j)["prior_low"] = std::vector<double>(info.prior_low().begin(), info.prior_low().end());
+  (*j)["prior_high"] = std::vector<double>(info.prior_high().begin(), info.prior_high().end());
+  (*j)["member_checkpoints"] = std::vector<std::string>(info.member_checkpoints().begin(),
+                                                        info.member_checkpoints().end());
+}
+
 // The flags every command shares, checked once.
 struct CallOptions {
   const Flags& flags;
@@ -239,6 +335,7 @@ void PrintModelInfo(const v1::ModelInfo& info, bool json) {
           {{"name", o.name()}, {"unit", o.unit()}, {"offset", o.offset()}, {"scale", o.scale()}});
     j["provenance"] =
         std::map<std::string, std::string>(info.provenance().begin(), info.provenance().end());
+    AddUncertaintyInfo(info, &j);
     std::cout << j.dump(2) << "\n";
     return;
   }
@@ -257,7 +354,8 @@ void PrintModelInfo(const v1::ModelInfo& info, bool json) {
             << "checkpoint       " << info.checkpoint_path() << " (step " << info.step()
             << ", checksum " << info.checksum() << ")\n"
             << "serving          max batch " << info.max_batch() << ", " << info.precision()
-            << "\n";
+            << "\n"
+            << "uncertainty      " << UncertaintyText(info) << "\n";
 }
 
 int RunInfo(const CallOptions& call) {
@@ -278,14 +376,7 @@ void PrintPrediction(const v1::PredictResponse& resp, bool json) {
     nlohmann::ordered_json j;
     j["request_id"] = resp.request_id();
     j["model_version"] = resp.model_version();
-    nlohmann::ordered_json params = nlohmann::ordered_json::object(),
-                           units = nlohmann::ordered_json::object();
-    for (const auto& p : resp.parameters()) {
-      params[p.name()] = p.value();
-      units[p.name()] = p.unit();
-    }
-    j["parameters"] = params;
-    j["units"] = units;
+    AddPrediction(resp, &j);
     j["timings"] = {{"queue_seconds", resp.timings().queue_seconds()},
                     {"compute_seconds", resp.timings().compute_seconds()},
                     {"total_seconds", resp.timings().total_seconds()},
@@ -293,9 +384,7 @@ void PrintPrediction(const v1::PredictResponse& resp, bool json) {
     std::cout << j.dump(2) << "\n";
     return;
   }
-  std::printf("%-10s %-16s %s\n", "parameter", "value", "unit");
-  for (const auto& p : resp.parameters())
-    std::printf("%-10s %-16s %s\n", p.name().c_str(), Format(p.value()).c_str(), p.unit().c_str());
+  PrintPredictionTable(resp);
   std::printf("model %s, batch %d, queue %.4f s, compute %.4f s, server total %.4f s\n",
               resp.model_version().c_str(), resp.timings().batch_size(),
               resp.timings().queue_seconds(), resp.timings().compute_seconds(),

@@ -216,13 +216,16 @@ void Batcher::Compute(const std::vector<InferenceRequest*>& computed,
   const InputTransform transform = model->spec().input_transform;
   batch_input_.resize(computed.size() * size_t(elements));
   batch_output_.resize(computed.size() * size_t(p));
+  const bool with_cov = model->has_uncertainty();
+  batch_cov_.resize(with_cov ? computed.size() * size_t(p) * p : 0);
   const int threads = std::min<int>(int(computed.size()), omp_get_max_threads());
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (size_t i = 0; i < computed.size(); ++i)
     CubeToNetworkInput(computed[i]->cube, transform, batch_input_.data() + i * elements);
   const int m = int(computed.size());
   const auto compute_start = std::chrono::steady_clock::now();
-  model->Forward(m, batch_input_.data(), batch_output_.data());
+  // Every member of an ensemble runs this same batch (Model::Forward).
+  model->Forward(m, batch_input_.data(), batch_output_.data(), with_cov ? batch_cov_.data() : nullptr);
   const auto compute_end = std::chrono::steady_clock::now();
   const double compute_seconds = Seconds(compute_end - compute_start);
   {
@@ -239,6 +242,9 @@ void Batcher::Compute(const std::vector<InferenceRequest*>& computed,
     InferenceResult result;
     result.values.assign(batch_output_.begin() + size_t(i) * p,
                          batch_output_.begin() + size_t(i + 1) * p);
+    if (with_cov)
+      result.covariance.assign(batch_cov_.begin() + size_t(i) * p * p,
+                               batch_cov_.begin() + size_t(i + 1) * p * p);
     result.model = model;
     result.queue_seconds = Seconds(start - r->enqueued);
     result.compute_seconds = compute_seconds;

@@ -29,6 +29,7 @@ namespace cosmoflow {
 
 struct InferenceResult {
   std::vector<float> values;           // P outputs in physical units, spec order
+  std::vector<double> covariance;      // P x P row-major, physical units; empty without uncertainty
   std::shared_ptr<const Model> model;  // the model that computed them
   double queue_seconds = 0;
   double compute_seconds = 0;
@@ -115,6 +116,7 @@ class Batcher {
   bool stopping_ = false;
   std::vector<float> batch_input_;   // worker only
   std::vector<float> batch_output_;  // worker only
+  std::vector<double> batch_cov_;    // worker only
   std::mutex join_mu_;               // guards worker_ (joined by Stop)
   std::thread worker_;
 };

@@ -18,7 +18,8 @@
 namespace {
 
 constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
-  --checkpoint PATH          checkpoint file, or a directory (serves its LATEST, watched for changes)
+  --checkpoint PATH          checkpoint file, a directory (serves its LATEST, watched for changes), or an
+                             ensemble manifest: a .json file or a directory holding ensemble.json (watched)
   --address HOST:PORT        gRPC address (default 0.0.0.0:8500; port 0 = pick a free one)
   --metrics-address HOST:PORT  Prometheus /metrics (default 0.0.0.0:9464; "" disables)
   --max-batch N              largest dynamic batch (default 4)

@@ -6,11 +6,13 @@
 #include <malloc.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "core/base/log.h"
+#include "core/nn/ensemble.h"
 #include "proto/cosmoflow.grpc.pb.h"
 #include "server/validate.h"
 
@@ -38,7 +40,7 @@ void FillModelInfo(const Model& model, const ServerOptions& options, v1::ModelIn
   const ModelSpec& spec = model.spec();
   const Checkpoint& ckpt = model.checkpoint();
   info->set_version(model.version());
-  info->set_checksum(ckpt.checksum);
+  info->set_checksum(model.checksum());
   info->set_spec_name(spec.name);
   info->set_spec_json(spec.ToJson());
   info->add_input_shape(spec.input_channels);
@@ -63,6 +65,16 @@ void FillModelInfo(const Model& model, const ServerOptions& options, v1::ModelIn
   info->set_max_batch(model.options().max_batch);
   info->set_max_message_bytes(options.max_message_bytes);
   info->set_precision(PrecisionName(model.options().precision));
+  info->set_uncertainty(model.uncertainty_method());
+  info->set_uncertainty_head(UncertaintyHeadName(spec.uncertainty));
+  info->set_ensemble_members(model.ensemble_members());
+  const Calibration& c = model.calibration();
+  for (double f : c.sigma_scale) info->add_calibration(f);
+  info->set_calibration_samples(c.samples);
+  for (double v : c.prior_low) info->add_prior_low(v);
+  for (double v : c.prior_high) info->add_prior_high(v);
+  if (model.is_ensemble())
+    for (const auto& m : model.member_paths()) info->add_member_checkpoints(m);
 }
 
 void FillResponse(const std::string& request_id, const InferenceResult& r, Clock::time_point start,
@@ -74,7 +86,10 @@ void FillResponse(const std::string& request_id, const InferenceResult& r, Clock
     p->set_name(outputs[i].name);
     p->set_unit(outputs[i].unit);
     p->set_value(r.values[i]);
+    // Only a model with an uncertainty sets sigma: absent, not 0, says "unknown".
+    if (!r.covariance.empty()) p->set_sigma(std::sqrt(r.covariance[i * outputs.size() + i]));
   }
+  for (double v : r.covariance) resp->add_covariance(v);
   resp->set_model_version(r.model->version());
   auto* t = resp->mutable_timings();
   t->set_queue_seconds(r.queue_seconds);
@@ -515,7 +530,7 @@ void InferenceServer::SetServing(bool serving) {
 InferenceServer::~InferenceServer() { Shutdown(std::chrono::milliseconds(0)); }
 
 Status InferenceServer::Install(std::shared_ptr<Model> model) {
-  metrics_.SetModel(model->version(), model->spec().name, model->checkpoint().checksum,
+  metrics_.SetModel(model->version(), model->spec().name, model->checksum(),
                     model->load_seconds(), model->loaded_at_unix_seconds());
   batcher_->SetModel(std::move(model));
   return Status::Ok();
@@ -586,6 +601,13 @@ void InferenceServer::ReloadAsync(
 }
 
 std::string InferenceServer::ReadLatestPointer() const {
+  // An ensemble is watched by its manifest's content: the trainer rewrites it atomically.
+  if (const std::string manifest = FindEnsembleManifest(options_.checkpoint); !manifest.empty()) {
+    std::ifstream in(manifest);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
   struct stat st;
   if (::stat(options_.checkpoint.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "";
   std::ifstream in(options_.checkpoint + "/LATEST");

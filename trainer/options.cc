@@ -67,6 +67,17 @@ const FlagInfo kFlags[] = {
      "thread (a communication thread allreduces buckets during backward) | nonblocking "
      "(MPI_Iallreduce) [thread]",
      false},
+    {"members",
+     "deep ensemble: train K members one after the other in OUT/members/m<k> (seed --seed + k), "
+     "then write OUT/ensemble.json for the server [1]",
+     false},
+    {"mse-warmup-epochs",
+     "with an uncertainty head in the spec: epochs of MSE on the means before the Gaussian NLL [0]",
+     false},
+    {"mean-gradient",
+     "with an uncertainty head: nll (the NLL trains the means too) | mse (the means get the MSE "
+     "gradient, the covariance the NLL's) [nll]",
+     false},
     {"debug-die-at-step", "test hook: rank --debug-die-rank exits abruptly at this step [-1]",
      false},
     {"debug-die-rank", "test hook: which rank dies [-1]", false},
@@ -219,6 +230,14 @@ std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, cons
   } else if (k == "allreduce") {
     if (v != "thread" && v != "nonblocking") return Bad(k, v, "expected thread or nonblocking");
     o.allreduce = v;
+  } else if (k == "members") {
+    CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 64));
+    o.members = static_cast<int>(x);
+  } else if (k == "mse-warmup-epochs") {
+    CF_ASSIGN_OR_RETURN(o.mse_warmup_epochs, ToInt(k, v, 0, 1000000));
+  } else if (k == "mean-gradient") {
+    if (v != "nll" && v != "mse") return Bad(k, v, "expected nll or mse");
+    o.mean_gradient = v;
   } else if (k == "debug-die-at-step") {
     CF_ASSIGN_OR_RETURN(o.debug_die_at_step, ToInt(k, v, -1, int64_t{1} << 50));
   } else if (k == "debug-die-rank") {
@@ -307,6 +326,8 @@ StatusOr<TrainerOptions> ParseTrainerOptions(int argc, char** argv, bool* help) 
     return InvalidArgumentError("--train is required (a shard file or directory)");
   if (o.out_dir.empty()) return InvalidArgumentError("--out is required (the run directory)");
   if (o.optimizer.empty()) o.optimizer = o.lr.recipe == LrRecipe::kSc18 ? "adam" : "sgd";
+  if (o.members > 1 && o.resume != "auto" && o.resume != "never")
+    return Bad("resume", o.resume, "with --members each member resumes from its own directory (auto or never)");
   return o;
 }
 

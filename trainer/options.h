@@ -47,6 +47,10 @@ struct TrainerOptions {
   int64_t check_weights_every = 0;  // steps; 0 = every 100 steps in deterministic mode, else never
   double bucket_mb = 25;
   std::string allreduce = "thread";  // thread (communication thread) | nonblocking (MPI_Iallreduce)
+  // Uncertainty (docs/training.md).
+  int members = 1;                   // deep ensemble of K runs: OUT/members/m<k>, seed + k
+  int64_t mse_warmup_epochs = 0;     // with an uncertainty head: MSE on the means first
+  std::string mean_gradient = "nll";  // nll | mse: what trains the means under the NLL
   // Test hooks (documented, harmless): make a rank die or stall, to test failure paths.
   int64_t debug_die_at_step = -1;
   int debug_die_rank = -1;

@@ -34,4 +34,12 @@ double TrainOnBatch(Network& net, Optimizer& optimizer, LossType loss, const flo
                     const float* labels, float lr, std::vector<float>& pred,
                     std::vector<float>& diff, const TrainStepHooks& hooks = {});
 
+// The same with any loss of the network's output (pred and diff: batch x the network's output
+// width, e.g. an uncertainty head's; trainer/uncertainty_run.h StepLoss): returns the batch's mean
+// loss and writes dLoss/dPred into diff.
+using BatchLoss = std::function<double(const float* pred, const float* labels, float* diff)>;
+double TrainOnBatch(Network& net, Optimizer& optimizer, const BatchLoss& loss, const float* src,
+                    const float* labels, float lr, std::vector<float>& pred,
+                    std::vector<float>& diff, const TrainStepHooks& hooks = {});
+
 }  // namespace cosmoflow

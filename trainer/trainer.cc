@@ -30,6 +30,7 @@
 #include "trainer/run_log.h"
 #include "trainer/sampler.h"
 #include "trainer/signals.h"
+#include "trainer/uncertainty_run.h"
 #include "trainer/train_step.h"
 
 #ifndef COSMOFLOW_GIT_REV
@@ -182,6 +183,13 @@ class Trainer {
   Trainer(const TrainerOptions& o, const MpiWorld& w, std::string command_line)
       : opt_(o), world_(w), command_line_(std::move(command_line)) {}
   int Run();
+  // After Run(): the spec, the final checkpoint file and (rank 0) the last validation's posteriors
+  // and the training labels' range, for an ensemble of such runs.
+  const ModelSpec& spec() const { return spec_; }
+  const std::string& final_checkpoint() const { return final_checkpoint_; }
+  const ValidationPosteriors& posteriors() const { return posteriors_; }
+  const std::vector<double>& prior_low() const { return prior_low_; }
+  const std::vector<double>& prior_high() const { return prior_high_; }
 
  private:
   // Setup, in order; each stage ends with an agreement over the ranks.
@@ -223,7 +231,8 @@ class Trainer {
   Status RunValidation(std::vector<double>& sums, std::vector<float>& rows);
   void AccumulateValidation(const PrefetchedBatch& batch, const std::vector<float>& pred,
                             std::vector<double>& sums, std::vector<float>& rows) const;
-  void WriteValidationPredictions(const std::vector<float>& all) const;
+  void WriteValidationPredictions(const std::vector<float>& all);
+  void FitValidationCalibration(const ValidationPosteriors& v);
   void LogValidation(const ValResult& val);
   void LogProgress(double window_loss);
   void WriteSummary(const std::string& outcome);
@@ -255,7 +264,7 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   std::string resumed_from_;
   double lr_ = 0;
-  std::vector<float> pred_, diff_;  // batch x P scratch of the training step
+  std::vector<float> pred_, diff_;  // batch x NetworkOutputs() scratch of the training step
   // Timing of this process (rank 0's figures are the ones reported).
   Clock::time_point run_start_;
   std::vector<double> step_seconds_, data_wait_seconds_, comm_wait_seconds_, comm_span_seconds_;
@@ -264,6 +273,12 @@ class Trainer {
   int64_t window_steps_ = 0;
   ValResult last_val_;
   bool have_val_ = false;
+  // Uncertainty (rank 0): the last validation's posteriors, the calibration fitted on them (saved
+  // with the next checkpoint) and the prior it truncates to (the training labels' range).
+  ValidationPosteriors posteriors_;
+  Calibration calibration_;
+  std::vector<double> prior_low_, prior_high_;
+  std::string final_checkpoint_;
 };
 
 int Trainer::Fail(const Status& s) {
@@ -487,6 +502,7 @@ Status Trainer::Resume() {
   samples_seen_ = ckpt->state.samples_seen;
   last_saved_step_ = step_;
   resumed_from_ = path;
+  final_checkpoint_ = path;
   if (ckpt->state.rng_seed != seed_) {
     // The run's seed fixes shuffling, augmentation and dropout; keep the checkpoint's so the
     // resumed run continues the same sequence.
@@ -569,6 +585,7 @@ Status Trainer::SaveCheckpoint() {
     c.state.samples_seen = samples_seen_;
     c.state.rng_seed = seed_;
     c.state.optimizer = optimizer_->name();
+    c.calibration = calibration_;  // fitted on the validation just before (empty without a head)
     c.provenance = {{"dataset", opt_.train_path},
                     {"ranks", std::to_string(world_.size)},
                     {"global_batch", std::to_string(sampler_->global_batch())},
@@ -581,6 +598,7 @@ Status Trainer::SaveCheckpoint() {
     local = saved.status().WithContext("writing a checkpoint to " + ckpt_dir_);
     if (saved.ok()) {
       CF_LOG(INFO) << "checkpoint " << *saved << " (" << Seconds(t0, Clock::now()) << " s)";
+      final_checkpoint_ = *saved;
     }
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
@@ -592,7 +610,7 @@ StatusOr<ValResult> Trainer::Validate() {
   const size_t outputs = spec_.outputs.size();
   // sums: loss, abs err, count, rel err per output
   std::vector<double> sums(3 + outputs, 0.0);
-  std::vector<float> rows;  // index, true..., pred... (physical units)
+  std::vector<float> rows;  // ValidationRowWidth(spec_) floats per sample (uncertainty_run.h)
   Status local = val_net_->LoadParameters(net_->ExportParameters());
   if (local.ok()) {
     val_net_->ParametersUpdated();
@@ -632,7 +650,7 @@ Status Trainer::RunValidation(std::vector<double>& sums, std::vector<float>& row
   lc.transform = spec_.input_transform;
   lc.labels = val_labels_;
   PrefetchLoader loader(val_source_.get(), plan, lc);
-  std::vector<float> pred(static_cast<size_t>(b) * spec_.outputs.size());
+  std::vector<float> pred(static_cast<size_t>(b) * spec_.NetworkOutputs());
   while (const PrefetchedBatch* batch = loader.Next(nullptr)) {
     if (!batch->status.ok()) {
       Status s = batch->status.WithContext("--val " + opt_.val_path);
@@ -648,45 +666,60 @@ Status Trainer::RunValidation(std::vector<double>& sums, std::vector<float>& row
 
 void Trainer::AccumulateValidation(const PrefetchedBatch& batch, const std::vector<float>& pred,
                                    std::vector<double>& sums, std::vector<float>& rows) const {
-  const size_t outputs = spec_.outputs.size();
+  const size_t outputs = spec_.outputs.size(), width = spec_.NetworkOutputs();
   for (int i = 0; i < batch.valid; ++i) {
+    const float* head = &pred[i * width];  // the means come first in every head
+    const float* label = &batch.labels[i * outputs];
     rows.push_back(static_cast<float>(batch.indices[i]));
     for (size_t o = 0; o < outputs; ++o) rows.push_back(batch.physical[i * outputs + o]);
     for (size_t o = 0; o < outputs; ++o) {
-      const double y = pred[i * outputs + o], t = batch.labels[i * outputs + o];
+      const double y = head[o], t = label[o];
       const double phys_pred = spec_.outputs[o].offset + spec_.outputs[o].scale * y;
       const double phys_true = batch.physical[i * outputs + o];
       rows.push_back(static_cast<float>(phys_pred));
-      sums[0] += (y - t) * (y - t);
       sums[1] += std::fabs(y - t);
       sums[3 + o] += std::fabs(phys_pred - phys_true) / std::max(1e-12, std::fabs(phys_true));
     }
+    rows.insert(rows.end(), label, label + outputs);
+    rows.insert(rows.end(), head, head + width);
+    sums[0] += ValidationLossSum(spec_, head, label);
     sums[2] += 1;
   }
 }
 
-// val_predictions.csv: one row per validation sample, physical units, sorted by index.
-void Trainer::WriteValidationPredictions(const std::vector<float>& all) const {
-  const size_t width = 1 + 2 * spec_.outputs.size();
-  std::vector<size_t> order(all.size() / width);
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return all[a * width] < all[b * width]; });
-  std::ostringstream csv;
-  csv << "index";
-  for (const auto& o : spec_.outputs) csv << ",true_" << o.name;
-  for (const auto& o : spec_.outputs) csv << ",pred_" << o.name;
-  csv << "\n";
-  for (size_t i : order) {
-    const float* row = &all[i * width];
-    csv << static_cast<int64_t>(row[0]);
-    for (size_t k = 1; k < width; ++k) csv << "," << row[k];
-    csv << "\n";
-  }
+// val_predictions.csv: one row per validation sample, physical units, sorted by index; with an
+// uncertainty head also the calibration fitted on them.
+void Trainer::WriteValidationPredictions(const std::vector<float>& all) {
+  posteriors_ = DecodeValidationRows(spec_, all);
+  FitValidationCalibration(posteriors_);
   const std::string path = (fs::path(opt_.out_dir) / "val_predictions.csv").string();
-  if (!WriteFileAtomically(path, csv.str())) {
+  if (!WriteFileAtomically(path, ValidationCsv(spec_, posteriors_, calibration_))) {
     CF_LOG(WARNING) << path << ": cannot write";
   }
+}
+
+void Trainer::FitValidationCalibration(const ValidationPosteriors& v) {
+  if (prior_low_.empty()) {
+    Status s = LabelRange(*train_set_, train_labels_.column, &prior_low_, &prior_high_);
+    if (!s.ok()) {
+      CF_LOG(WARNING) << "--train " << opt_.train_path << ": " << s.message();
+      prior_low_.clear();
+      prior_high_.clear();
+    }
+  }
+  if (spec_.uncertainty == UncertaintyHead::kNone) return;
+  auto fitted = FitCalibration(spec_, v.truth, v.mean, v.cov, prior_low_, prior_high_);
+  if (!fitted.ok()) {
+    CF_LOG(WARNING) << "no calibration for this checkpoint: " << fitted.status().message();
+    calibration_ = {};
+    return;
+  }
+  calibration_ = *fitted;
+  std::ostringstream os;
+  os << "calibration on " << calibration_.samples << " validation cubes: sigma x";
+  for (size_t o = 0; o < spec_.outputs.size(); ++o)
+    os << " " << spec_.outputs[o].name << " " << calibration_.sigma_scale[o];
+  CF_LOG(INFO) << os.str();
 }
 
 void Trainer::LogValidation(const ValResult& val) {
@@ -766,6 +799,8 @@ void Trainer::WriteSummary(const std::string& outcome) {
   AddTimingSummary(j);
   j["elapsed_s"] = Seconds(run_start_, Clock::now());
   j["git_revision"] = COSMOFLOW_GIT_REV;
+  j["uncertainty"] = UncertaintyHeadName(spec_.uncertainty);
+  if (!calibration_.empty()) j["calibration_sigma_scale"] = calibration_.sigma_scale;
   if (have_val_) {
     j["val_loss"] = last_val_.loss;
     j["val_mae"] = last_val_.mae;
@@ -825,7 +860,7 @@ int Trainer::Run() {
   LogRunDescription();
 
   PrefetchLoader loader(train_source_.get(), TrainingPlan(), TrainingLoaderConfig());
-  const size_t outputs = spec_.outputs.size();
+  const size_t outputs = spec_.NetworkOutputs();
   pred_.assign(opt_.batch * outputs, 0.0f);
   diff_.assign(opt_.batch * outputs, 0.0f);
   while (step_ < total_steps_) {
@@ -853,6 +888,11 @@ void Trainer::LogRunDescription() const {
                << LrRecipeName(opt_.lr.recipe) << " (" << optimizer_->name() << ", peak lr "
                << schedule_->peak_lr() << "), " << reducer_->num_buckets() << " gradient buckets, "
                << reducer_->total_bytes() / 1e6 << " MB in all, allreduce " << opt_.allreduce;
+  if (spec_.uncertainty != UncertaintyHead::kNone) {
+    CF_LOG(INFO) << "uncertainty head " << UncertaintyHeadName(spec_.uncertainty)
+                 << ": Gaussian NLL after " << opt_.mse_warmup_epochs
+                 << " epoch(s) of MSE on the means; means trained by " << opt_.mean_gradient;
+  }
 }
 
 // Batches of steps [step_, total_steps_): this rank's share of each global batch.
@@ -933,8 +973,14 @@ void Trainer::TrainStep(PrefetchLoader& loader, const PrefetchedBatch* batch, do
     loader.Release(batch);
     reducer->FinishStep();
   };
-  window_loss_ += TrainOnBatch(*net_, *optimizer_, LossType::kMse, batch->src.data(),
-                               batch->labels.data(), static_cast<float>(lr_), pred_, diff_, hooks);
+  // MSE, or with an uncertainty head the Gaussian NLL after the MSE warm-up (uncertainty_run.h).
+  const StepLossConfig config{opt_.mse_warmup_epochs * steps_per_epoch_,
+                              *ParseMeanGradient(opt_.mean_gradient)};
+  const BatchLoss loss = [this, &config](const float* pred, const float* labels, float* diff) {
+    return StepLoss(spec_, config, step_, pred, labels, opt_.batch, diff);
+  };
+  window_loss_ += TrainOnBatch(*net_, *optimizer_, loss, batch->src.data(), batch->labels.data(),
+                               static_cast<float>(lr_), pred_, diff_, hooks);
   *comm += reducer_->last_wait_seconds();
   ++step_;
   samples_seen_ += sampler_->global_batch();
@@ -1002,7 +1048,12 @@ std::optional<int> Trainer::MaybeCheckpoint() {
 }
 
 int Trainer::Finish() {
-  // A run resumed at its final step writes its checkpoint here (no-op otherwise).
+  // A run resumed at its final step validates (an ensemble needs its posteriors) and writes its
+  // checkpoint here (no-op otherwise).
+  if (val_set_ && !have_val_) {
+    auto val = Validate();
+    if (!val.ok()) return Fail(val.status());
+  }
   Status s = SaveCheckpoint();
   if (!s.ok()) return Fail(s);
   WriteSummary("finished");
@@ -1013,10 +1064,86 @@ int Trainer::Finish() {
   return kExitOk;
 }
 
+// What an ensemble keeps of a finished member run (its trainer, networks and all, is gone).
+struct MemberResult {
+  ModelSpec spec;
+  std::string checkpoint;  // relative to the ensemble's run directory
+  ValidationPosteriors posteriors;
+  std::vector<double> prior_low, prior_high;
+};
+
+// Rank 0, once every member has finished: the members' validation posteriors combined as a
+// mixture (OUT/val_predictions.csv), the calibration fitted on them and the manifest.
+Status FinishEnsemble(const TrainerOptions& o, const std::vector<MemberResult>& members) {
+  const ModelSpec& spec = members[0].spec;
+  Calibration calibration;
+  if (!o.val_path.empty()) {
+    std::vector<ValidationPosteriors> posteriors;
+    for (const MemberResult& m : members) posteriors.push_back(m.posteriors);
+    CF_ASSIGN_OR_RETURN(ValidationPosteriors mixture, CombineMembers(spec, posteriors));
+    auto fitted = FitCalibration(spec, mixture.truth, mixture.mean, mixture.cov, members[0].prior_low,
+                                 members[0].prior_high);
+    if (fitted.ok()) {
+      calibration = *fitted;
+      std::ostringstream os;
+      os << "ensemble calibration on " << calibration.samples << " validation cubes: sigma x";
+      for (size_t i = 0; i < spec.outputs.size(); ++i)
+        os << " " << spec.outputs[i].name << " " << calibration.sigma_scale[i];
+      CF_LOG(INFO) << os.str();
+    } else {
+      CF_LOG(WARNING) << "the ensemble gets no calibration: " << fitted.status().message();
+    }
+    const std::string path = (fs::path(o.out_dir) / "val_predictions.csv").string();
+    if (!WriteFileAtomically(path, ValidationCsv(spec, mixture, calibration))) {
+      CF_LOG(WARNING) << path << ": cannot write";
+    }
+  }
+  std::vector<std::string> checkpoints;
+  for (const MemberResult& m : members) checkpoints.push_back(m.checkpoint);
+  return WriteEnsembleForRun(o.out_dir, checkpoints, calibration, spec);
+}
+
+// A deep ensemble: members k = 0..K-1 trained one after the other, each an ordinary run in
+// OUT/members/m<k> with seed --seed + k (initialisation, shuffling, augmentation, dropout), then
+// OUT/ensemble.json. Rerunning the command resumes: finished members only validate again.
+int RunEnsemble(const TrainerOptions& options, const MpiWorld& world, const std::string& command_line) {
+  const auto start = Clock::now();
+  std::vector<MemberResult> members;
+  for (int k = 0; k < options.members; ++k) {
+    TrainerOptions m = options;
+    const std::string rel = "members/m" + std::to_string(k);
+    m.out_dir = (fs::path(options.out_dir) / rel).string();
+    m.seed = options.seed + static_cast<uint64_t>(k);
+    if (world.rank == 0) {
+      CF_LOG(INFO) << "ensemble member " << k + 1 << " of " << options.members << ": " << m.out_dir << ", seed "
+                   << m.seed;
+    }
+    Trainer trainer(m, world, command_line);
+    const int code = trainer.Run();
+    if (code != kExitOk) return code;
+    members.push_back({trainer.spec(),
+                       rel + "/checkpoints/" + fs::path(trainer.final_checkpoint()).filename().string(),
+                       trainer.posteriors(), trainer.prior_low(), trainer.prior_high()});
+  }
+  Status local;
+  if (world.rank == 0) local = FinishEnsemble(options, members).WithContext("--out=" + options.out_dir);
+  Status s = AgreeOnStatus(local, world.comm);
+  if (!s.ok()) {
+    if (world.rank == 0) std::fprintf(stderr, "cosmoflow-train: error: %s\n", s.ToString().c_str());
+    return kExitError;
+  }
+  if (world.rank == 0) {
+    CF_LOG(INFO) << "ensemble of " << options.members << " trained in " << FormatDuration(Seconds(start, Clock::now()))
+                 << ": " << options.out_dir << "/" << kEnsembleManifestName;
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunTraining(const TrainerOptions& options, const MpiWorld& world,
                 const std::string& command_line) {
+  if (options.members > 1) return RunEnsemble(options, world, command_line);
   Trainer trainer(options, world, command_line);
   return trainer.Run();
 }

@@ -27,9 +27,11 @@ constexpr char kLatestName[] = "LATEST";
 
 // The checksum covers the spec and every tensor (name, shape, bytes) in the order written, plus the
 // training state, so that any flipped bit in the payload is caught on read.
-uint32_t PayloadChecksum(const std::string& spec_json, const TrainingState& st,
+uint32_t PayloadChecksum(const std::string& spec_json, const std::string& calibration_json, const TrainingState& st,
                          const std::vector<NamedTensor>& weights, const std::vector<NamedTensor>& opt) {
   uint32_t c = Crc32c(spec_json.data(), spec_json.size());
+  // Empty for version 1 files, whose checksums stay what they were.
+  c = Crc32c(calibration_json.data(), calibration_json.size(), c);
   int64_t ints[4] = {st.step, st.epoch, st.samples_seen, int64_t(st.rng_seed)};
   c = Crc32c(ints, sizeof ints, c);
   c = Crc32c(st.optimizer.data(), st.optimizer.size(), c);
@@ -97,8 +99,13 @@ StatusOr<std::vector<NamedTensor>> ReadTensors(hid_t file, const char* group, co
 
 StatusOr<std::string> WriteCheckpoint(const std::string& path, const Checkpoint& ckpt) {
   CF_RETURN_IF_ERROR(ckpt.spec.Validate().WithContext(path));
+  CF_RETURN_IF_ERROR(ValidateCalibration(ckpt.calibration, ckpt.spec).WithContext(path));
   const std::string spec_json = ckpt.spec.ToJson();
-  const std::string checksum = Hex(PayloadChecksum(spec_json, ckpt.state, ckpt.weights, ckpt.optimizer_state));
+  const std::string calibration_json = ckpt.calibration.empty() ? "" : CalibrationToJson(ckpt.calibration, ckpt.spec);
+  // The oldest version that holds everything in this checkpoint (see checkpoint.h).
+  const int64_t version = calibration_json.empty() && ckpt.spec.uncertainty == UncertaintyHead::kNone ? 1 : 2;
+  const std::string checksum =
+      Hex(PayloadChecksum(spec_json, calibration_json, ckpt.state, ckpt.weights, ckpt.optimizer_state));
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     Guard lock(h5::Lock());
@@ -109,8 +116,10 @@ StatusOr<std::string> WriteCheckpoint(const std::string& path, const Checkpoint&
       CF_RETURN_IF_ERROR(WriteTensors(root, "optimizer", ckpt.optimizer_state, path));
       nlohmann::json prov(ckpt.provenance);
       CF_RETURN_IF_ERROR(h5::WriteStringAttr(root, "format", kFormatName));
-      CF_RETURN_IF_ERROR(h5::WriteInt64Attr(root, "format_version", kCheckpointFormatVersion));
+      CF_RETURN_IF_ERROR(h5::WriteInt64Attr(root, "format_version", version));
       CF_RETURN_IF_ERROR(h5::WriteStringAttr(root, "spec_json", spec_json));
+      if (!calibration_json.empty())
+        CF_RETURN_IF_ERROR(h5::WriteStringAttr(root, "calibration_json", calibration_json));
       CF_RETURN_IF_ERROR(h5::WriteInt64Attr(root, "step", ckpt.state.step));
       CF_RETURN_IF_ERROR(h5::WriteInt64Attr(root, "epoch", ckpt.state.epoch));
       CF_RETURN_IF_ERROR(h5::WriteInt64Attr(root, "samples_seen", ckpt.state.samples_seen));
@@ -147,9 +156,9 @@ StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
     return InvalidArgumentError(path + ": not a CosmoFlow checkpoint (attribute format='" +
                                 std::string(kFormatName) + "' missing)");
   CF_ASSIGN_OR_RETURN(int64_t version, h5::ReadInt64Attr(root, "format_version"));
-  if (version != kCheckpointFormatVersion)
+  if (version < 1 || version > kCheckpointFormatVersion)
     return FailedPreconditionError(path + ": checkpoint format version " + std::to_string(version) +
-                                   ", this build reads version " + std::to_string(kCheckpointFormatVersion));
+                                   ", this build reads versions 1 to " + std::to_string(kCheckpointFormatVersion));
   auto stored = h5::ReadStringAttr(root, "checksum");
   if (!stored.ok()) return DataLossError(path + ": checkpoint has no checksum (incomplete write?)");
   Checkpoint ck;
@@ -169,13 +178,23 @@ StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   } catch (const std::exception& e) {
     return DataLossError(path + ": unreadable provenance: " + e.what());
   }
+  std::string calibration_json;
+  if (version >= 2 && H5Aexists(root, "calibration_json") > 0) {
+    CF_ASSIGN_OR_RETURN(calibration_json, h5::ReadStringAttr(root, "calibration_json"));
+  }
   CF_ASSIGN_OR_RETURN(ck.weights, ReadTensors(root, "weights", path));
   CF_ASSIGN_OR_RETURN(ck.optimizer_state, ReadTensors(root, "optimizer", path));
-  const std::string actual = Hex(PayloadChecksum(spec_json, ck.state, ck.weights, ck.optimizer_state));
+  const std::string actual =
+      Hex(PayloadChecksum(spec_json, calibration_json, ck.state, ck.weights, ck.optimizer_state));
   if (actual != *stored)
     return DataLossError(path + ": checksum mismatch (stored " + *stored + ", computed " + actual +
                          "): the checkpoint is corrupt");
   ck.checksum = actual;
+  if (!calibration_json.empty()) {
+    auto calibration = CalibrationFromJson(calibration_json, ck.spec);
+    if (!calibration.ok()) return calibration.status().WithContext(path);
+    ck.calibration = std::move(*calibration);
+  }
   // The weights must be exactly the ones the spec needs (trainable and state tensors).
   int64_t n = 0;
   for (const auto& t : ck.weights) n += t.numel();

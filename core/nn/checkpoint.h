@@ -6,6 +6,9 @@
 //     checksum: CRC-32C (hex) over spec_json and every tensor's name, shape and bytes, in file order.
 //   /weights/<name>    float32 tensors in plain layout (see tensor.h)
 //   /optimizer/<name>  float32 optimizer state tensors (e.g. "adam.m.conv0.weights")
+// Version 2 adds an uncertainty head in the spec and the optional attribute calibration_json
+// (CalibrationToJson, covered by the checksum). A checkpoint without either is written as version
+// 1, so builds that predate them keep reading it; they refuse a version 2 file by its version.
 // Writes go to "<path>.tmp.<pid>" in the same directory, fsync, rename, fsync the directory, so a
 // reader sees the old file or the complete new one, never a partial one.
 #pragma once
@@ -18,10 +21,11 @@
 #include "core/base/status.h"
 #include "core/nn/spec.h"
 #include "core/nn/tensor.h"
+#include "core/nn/uncertainty.h"
 
 namespace cosmoflow {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;  // the newest version this build reads and writes
 
 struct TrainingState {
   int64_t step = 0;
@@ -37,12 +41,14 @@ struct Checkpoint {
   std::vector<NamedTensor> optimizer_state;
   TrainingState state;
   std::map<std::string, std::string> provenance;  // dataset, ranks, git revision, command, ...
+  Calibration calibration;                        // sigma factors fitted on validation (may be empty)
   std::string checksum;                           // filled by Read/Write: 8 hex digits
 };
 
 // Atomic write (see above). Fills ckpt.checksum if given a non-const pointer via the return value.
 StatusOr<std::string> WriteCheckpoint(const std::string& path, const Checkpoint& ckpt);
-// Reads and verifies format, version, spec and checksum; the error says which check failed.
+// Reads and verifies format, version, spec, calibration and checksum; the error says which check
+// failed.
 StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
 
 // A directory of checkpoints "ckpt-<step 9 digits>.h5" with a pointer file "LATEST" holding the

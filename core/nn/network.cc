@@ -198,7 +198,7 @@ Status NetworkImpl::Build(const ModelSpec& spec, const NetworkOptions& options) 
 
 void NetworkImpl::BuildInputEdge() {
   const int64_t n = ctx_.batch, c0 = spec_.input_channels, side = spec_.input_side;
-  outputs_ = static_cast<int>(spec_.outputs.size());
+  outputs_ = spec_.NetworkOutputs();  // the last dense layer's units (spec.h: an uncertainty head widens it)
   user_src_ = memory(memory::desc({n, c0, side, side, side}, Dt::f32, Tag::ncdhw), ctx_.eng, DNNL_MEMORY_NONE);
   if (ctx_.dt == Dt::f32) {
     cur_md_holder_ = user_src_;

@@ -22,8 +22,45 @@ const char* InputTransformName(InputTransform t) {
   return "?";
 }
 
+// ---- uncertainty head ----
+const char* UncertaintyHeadName(UncertaintyHead h) {
+  switch (h) {
+    case UncertaintyHead::kNone: return "none";
+    case UncertaintyHead::kGaussian: return "gaussian";
+    case UncertaintyHead::kGaussianFull: return "gaussian_full";
+  }
+  return "?";
+}
+
+StatusOr<UncertaintyHead> ParseUncertaintyHead(const std::string& name) {
+  for (UncertaintyHead h : {UncertaintyHead::kNone, UncertaintyHead::kGaussian, UncertaintyHead::kGaussianFull}) {
+    if (name == UncertaintyHeadName(h)) return h;
+  }
+  return InvalidArgumentError("unknown uncertainty '" + name + "' (expected none, gaussian or gaussian_full)");
+}
+
+int HeadWidth(UncertaintyHead h, int p) {
+  switch (h) {
+    case UncertaintyHead::kNone: return p;
+    case UncertaintyHead::kGaussian: return 2 * p;
+    case UncertaintyHead::kGaussianFull: return 2 * p + p * (p - 1) / 2;
+  }
+  return p;
+}
+// ---- end uncertainty head ----
+
 namespace {
 
+// What the units of a head are, for error messages: "3 means, 3 log-variances".
+std::string HeadLayout(UncertaintyHead h, int p) {
+  const std::string n = std::to_string(p);
+  if (h == UncertaintyHead::kGaussian) return n + " means, then " + n + " log-variances";
+  if (h == UncertaintyHead::kGaussianFull) {
+    return n + " means, " + n + " log-diagonal and " + std::to_string(p * (p - 1) / 2) +
+           " off-diagonal entries of the precision's Cholesky factor";
+  }
+  return n + " means";
+}
 using nn_internal::ActShape;
 using nn_internal::RowOf;
 
@@ -84,10 +121,28 @@ Status ModelSpec::Validate() const {
     if (s.features() > (int64_t{1} << 31)) return bad("activation too large");
   }
   if (!s.flat) return InvalidArgumentError("spec '" + name + "': the network must end with flatten + dense");
-  if (!has_dense || s.channels != static_cast<int64_t>(outputs.size())) {
-    return InvalidArgumentError("spec '" + name + "': the last dense layer has " + std::to_string(s.channels) +
-                                " units but the spec names " + std::to_string(outputs.size()) + " outputs");
+  // ---- uncertainty head: the last dense layer must be as wide as the head needs ----
+  if (!has_dense || s.channels != NetworkOutputs()) {
+    if (uncertainty == UncertaintyHead::kNone) {
+      return InvalidArgumentError("spec '" + name + "': the last dense layer has " + std::to_string(s.channels) +
+                                  " units but the spec names " + std::to_string(outputs.size()) + " outputs");
+    }
+    return InvalidArgumentError("spec '" + name + "': uncertainty '" + UncertaintyHeadName(uncertainty) +
+                                "' with " + std::to_string(outputs.size()) +
+                                " outputs needs the last dense layer to have " + std::to_string(NetworkOutputs()) +
+                                " units (" + HeadLayout(uncertainty, static_cast<int>(outputs.size())) + "), got " +
+                                std::to_string(s.channels));
   }
+  if (uncertainty != UncertaintyHead::kNone && outputs.size() > 8) {
+    return InvalidArgumentError("spec '" + name + "': uncertainty '" + UncertaintyHeadName(uncertainty) +
+                                "' supports at most 8 outputs, the spec names " + std::to_string(outputs.size()));
+  }
+  if (uncertainty != UncertaintyHead::kNone && layers.back().type == LayerType::kScaledTanh) {
+    // A bounded output would bound the log-variances too (sigma within a factor e^1.2 of 1).
+    return InvalidArgumentError("spec '" + name + "': uncertainty '" + UncertaintyHeadName(uncertainty) +
+                                "' cannot end with scaled_tanh (it would bound the log-variances)");
+  }
+  // ---- end uncertainty head ----
   return Status::Ok();
 }
 
@@ -129,6 +184,9 @@ std::string ModelSpec::ToJson() const {
   j["input_channels"] = input_channels;
   j["input_side"] = input_side;
   j["input_transform"] = InputTransformName(input_transform);
+  // ---- uncertainty head: omitted when none, so specs without one keep their JSON ----
+  if (uncertainty != UncertaintyHead::kNone) j["uncertainty"] = UncertaintyHeadName(uncertainty);
+  // ---- end uncertainty head ----
   j["outputs"] = json::array();
   for (const auto& o : outputs) {
     j["outputs"].push_back({{"name", o.name}, {"unit", o.unit}, {"offset", o.offset}, {"scale", o.scale}});
@@ -211,6 +269,13 @@ StatusOr<ModelSpec> ModelSpec::FromJson(const std::string& text) {
   std::string transform = "log1p";
   CF_RETURN_IF_ERROR(top.String("input_transform", &transform, false));
   CF_ASSIGN_OR_RETURN(s.input_transform, ParseInputTransform(transform));
+  // ---- uncertainty head ----
+  std::string uncertainty = "none";
+  CF_RETURN_IF_ERROR(top.String("uncertainty", &uncertainty, false));
+  auto head = ParseUncertaintyHead(uncertainty);
+  if (!head.ok()) return head.status().WithContext("model spec: field 'uncertainty'");
+  s.uncertainty = *head;
+  // ---- end uncertainty head ----
   CF_RETURN_IF_ERROR(ParseOutputs(j, &s.outputs));
   CF_RETURN_IF_ERROR(ParseLayers(j, &s.layers));
   CF_RETURN_IF_ERROR(s.Validate());

@@ -4,6 +4,7 @@
 // {
 //   "name": "sc18", "input_channels": 1, "input_side": 128,
 //   "input_transform": "log1p",          // "none" | "log1p" | "divide_by_mean" | "overdensity"
+//   "uncertainty": "none",               // "none" | "gaussian" | "gaussian_full" (omitted when none)
 //   "outputs": [{"name": "Omega_M", "unit": "", "offset": 0.30, "scale": 0.05}, ...],
 //   "layers": [
 //     {"type": "conv3d", "filters": 16, "kernel": 3, "stride": 1, "padding": "valid"},
@@ -20,6 +21,15 @@
 // The training loss is taken on n, so scale is also each output's unit of error in the loss: a
 // larger scale weighs that output less (tools/specs/study32x4-mean-ns-light.json gives n_s, which a small box
 // barely constrains, 4x its half-range so that its irreducible error does not dominate).
+//
+// Uncertainty head ("uncertainty", core/nn/uncertainty.h has the arithmetic): with P outputs the
+// last dense layer has HeadWidth(uncertainty, P) units, all in normalised label units:
+//   none           P: the means.
+//   gaussian       2P: P means, then P log-variances (a diagonal covariance).
+//   gaussian_full  P + P + P(P-1)/2: P means, P log-diagonal entries and the P(P-1)/2 entries
+//                  below the diagonal (row-major: (1,0), (2,0), (2,1), ...) of the lower-triangular
+//                  Cholesky factor L of the precision matrix, Lambda = L L^T = Covariance^-1.
+// The head is trained with the Gaussian negative log-likelihood (core/nn/loss.h).
 #pragma once
 
 #include <cstdint>
@@ -47,6 +57,14 @@ inline constexpr int kNumLayerTypes = 9;
 enum class InputTransform { kNone, kLog1p, kDivideByMean, kOverdensity };
 const char* LayerTypeName(LayerType t);             // "conv3d", "avg_pool", ... (the JSON names)
 const char* InputTransformName(InputTransform t);   // "none", "log1p", "divide_by_mean", "overdensity"
+
+// ---- uncertainty head (spec-level) ----
+enum class UncertaintyHead { kNone, kGaussian, kGaussianFull };
+const char* UncertaintyHeadName(UncertaintyHead h);  // "none", "gaussian", "gaussian_full"
+StatusOr<UncertaintyHead> ParseUncertaintyHead(const std::string& name);
+// Units of the last dense layer that a head needs for p outputs (see the header comment).
+int HeadWidth(UncertaintyHead h, int p);
+// ---- end uncertainty head ----
 
 struct LayerSpec {
   LayerType type = LayerType::kConv3d;
@@ -89,6 +107,11 @@ struct ModelSpec {
   InputTransform input_transform = InputTransform::kLog1p;
   std::vector<OutputSpec> outputs;
   std::vector<LayerSpec> layers;
+  UncertaintyHead uncertainty = UncertaintyHead::kNone;  // spec-level: what the outputs mean
+
+  // Width of the network's output: HeadWidth(uncertainty, outputs.size()) (= the last dense
+  // layer's units in a valid spec).
+  int NetworkOutputs() const { return HeadWidth(uncertainty, static_cast<int>(outputs.size())); }
 
   // Checks sizes and that every layer fits its input; the message names the layer (index, type).
   Status Validate() const;

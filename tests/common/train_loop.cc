@@ -5,6 +5,7 @@
 
 #include "core/base/log.h"
 #include "trainer/train_step.h"
+#include "trainer/uncertainty_run.h"
 
 namespace cosmoflow {
 namespace {
@@ -111,14 +112,22 @@ StatusOr<TrainResult> TrainSingleProcess(const ModelSpec& spec, const Dataset& d
   CF_ASSIGN_OR_RETURN(std::unique_ptr<BatchLoader> loader,
                       BatchLoader::Create(&dataset, spec, config.batch, config.shuffle, config.seed));
   const int64_t in = int64_t{spec.input_channels} * spec.input_side * spec.input_side * spec.input_side;
-  const int64_t p = static_cast<int64_t>(spec.outputs.size());
-  std::vector<float> x(in * config.batch), labels(p * config.batch), y(p * config.batch), diff(p * config.batch);
+  const int64_t p = static_cast<int64_t>(spec.outputs.size()), w = spec.NetworkOutputs();
+  std::vector<float> x(in * config.batch), labels(p * config.batch), y(w * config.batch), diff(w * config.batch);
+  StepLossConfig head_loss{config.mse_warmup_steps, config.mean_gradient};
   TrainResult result;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < config.steps; ++step) {
     CF_RETURN_IF_ERROR(loader->Next(x.data(), labels.data()));
     const double lr = schedule.Value(step);
-    const double loss = TrainOnBatch(*net, *opt, config.loss, x.data(), labels.data(), static_cast<float>(lr), y, diff);
+    // A spec with an uncertainty head: the Gaussian NLL after the MSE warm-up (StepLoss).
+    const BatchLoss batch_loss = [&](const float* pred, const float* l, float* d) {
+      if (spec.uncertainty == UncertaintyHead::kNone)
+        return ComputeLoss(config.loss, pred, l, p * config.batch, d);
+      return StepLoss(spec, head_loss, step, pred, l, config.batch, d);
+    };
+    const double loss =
+        TrainOnBatch(*net, *opt, batch_loss, x.data(), labels.data(), static_cast<float>(lr), y, diff);
     if (!std::isfinite(loss)) {
       return AbortedError("train: loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
                           " (learning rate too high?)");

@@ -55,7 +55,11 @@ struct TrainConfig {
   int batch = 4;
   int64_t steps = 100;
   Precision precision = Precision::kFp32;
-  LossType loss = LossType::kMse;
+  LossType loss = LossType::kMse;  // for a spec without an uncertainty head
+  // A spec with an uncertainty head trains with the Gaussian NLL (loss.h), after
+  // mse_warmup_steps steps of MSE on its means.
+  MeanGradient mean_gradient = MeanGradient::kNll;
+  int64_t mse_warmup_steps = 0;
   OptimizerConfig optimizer;
   LrScheduleConfig schedule;
   uint64_t seed = 0;

@@ -1,6 +1,7 @@
 #include "core/nn/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <cstring>
 
@@ -110,6 +111,61 @@ TEST(CheckpointTest, DirectoryKeepsLastKAndFallsBackPastCorruptLatest) {
 
   TempDir empty;
   EXPECT_EQ(FindLatestCheckpoint(empty.path()).status().code(), StatusCode::kNotFound);
+}
+
+int64_t FormatVersion(const std::string& path) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  int64_t v = -1;
+  H5Aread(a, H5T_NATIVE_INT64, &v);
+  H5Aclose(a);
+  H5Fclose(f);
+  return v;
+}
+
+// A checkpoint of tiny32 with a full-covariance head and fitted calibration factors.
+Checkpoint MakeCalibrated() {
+  Checkpoint ck = Make(3);
+  ck.spec.uncertainty = UncertaintyHead::kGaussianFull;
+  ck.spec.layers.back().units = 9;
+  const int64_t n = ck.spec.NumParameters();
+  ck.weights[0] = {"all.weights", {n}, std::vector<float>(n, 0.5f)};
+  ck.calibration.sigma_scale = {1.25, 0.5, 3.0};
+  ck.calibration.prior_low = {0.25, 0.78, 0.9};
+  ck.calibration.prior_high = {0.35, 0.95, 1.0};
+  ck.calibration.samples = 512;
+  return ck;
+}
+
+TEST(CheckpointTest, CalibrationRoundTripsIsCheckedAndSetsTheVersion) {
+  TempDir dir;
+  ASSERT_TRUE(WriteCheckpoint(dir / "plain.h5", Make(1)).ok());
+  EXPECT_EQ(FormatVersion(dir / "plain.h5"), 1) << "a checkpoint without a head stays readable by older builds";
+  ASSERT_TRUE(WriteCheckpoint(dir / "cal.h5", MakeCalibrated()).ok());
+  EXPECT_EQ(FormatVersion(dir / "cal.h5"), 2);
+  auto r = ReadCheckpoint(dir / "cal.h5");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->spec.uncertainty, UncertaintyHead::kGaussianFull);
+  EXPECT_EQ(r->calibration.sigma_scale, (std::vector<double>{1.25, 0.5, 3.0}));
+  EXPECT_EQ(r->calibration.prior_low, (std::vector<double>{0.25, 0.78, 0.9}));
+  EXPECT_EQ(r->calibration.samples, 512);
+
+  // The factors are part of the checksum: one changed digit is a corrupt checkpoint.
+  std::string bytes = testing::ReadAll(dir / "cal.h5");
+  size_t at = bytes.find("\"sigma_8\":0.5");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 12] = '7';
+  testing::WriteAll(dir / "tampered.h5", bytes);
+  auto t = ReadCheckpoint(dir / "tampered.h5");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("checksum mismatch"), std::string::npos) << t.status().message();
+
+  // A factor that is not positive and finite is never written, and the error names the field.
+  Checkpoint bad = MakeCalibrated();
+  bad.calibration.sigma_scale[2] = -2.0;
+  auto w = WriteCheckpoint(dir / "bad.h5", bad);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("sigma_scale.n_s"), std::string::npos) << w.status().message();
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "core/nn/loss.h"
 #include "core/nn/optimizer.h"
 #include "core/nn/schedule.h"
+#include "core/nn/uncertainty.h"
 #include "tests/common/train_loop.h"
 #include "tests/nn/test_util.h"
 
@@ -298,6 +299,54 @@ TEST_F(TrainTest, DeterministicWeightsForTheSameSeed) {
     auto d = TrainSingleProcess(*BuiltinSpec("tiny32"), **ds, c);
     ASSERT_TRUE(d.ok());
     EXPECT_NE(a->weights[0].data, d->weights[0].data);
+  }
+}
+
+// A full-covariance head trained with the Gaussian NLL after an MSE warm-up: the NLL falls, and the
+// sigma it predicts is of the size of its actual error (not a constant 1, nor collapsed to 0).
+TEST_F(TrainTest, UncertaintyHeadLearnsSigmasOfTheRightSize) {
+  auto ds = Dataset::Open(path_);
+  ASSERT_TRUE(ds.ok());
+  ModelSpec spec = *BuiltinSpec("tiny32");
+  spec.uncertainty = UncertaintyHead::kGaussianFull;
+  spec.layers.back().units = HeadWidth(spec.uncertainty, 3);
+  TrainConfig c = LearnConfig(Precision::kFp32);
+  c.steps = 240;
+  c.mse_warmup_steps = 40;
+  auto r = TrainSingleProcess(spec, **ds, c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const auto& l = r->losses;
+  double after_warmup = 0, last = 0;
+  for (size_t i = 40; i < 48; ++i) after_warmup += l[i] / 8;
+  for (size_t i = l.size() - 8; i < l.size(); ++i) last += l[i] / 8;
+  // Measured: 0.82 nats per parameter just after the warm-up, 0.50 at the end.
+  EXPECT_LT(last, after_warmup - 0.2) << "NLL per parameter after the warm-up " << after_warmup << ", last " << last;
+
+  NetworkOptions o;
+  o.batch = 4;
+  auto net = Network::Create(spec, o);
+  ASSERT_TRUE(net.ok());
+  ASSERT_TRUE((*net)->LoadParameters(r->weights).ok());
+  auto loader = BatchLoader::Create(ds->get(), spec, 4, false, 0);
+  ASSERT_TRUE(loader.ok());
+  std::vector<float> x(4 * 32 * 32 * 32), y(12), out(4 * 9);
+  double sq[3] = {0, 0, 0}, sigma[3] = {0, 0, 0};
+  for (int64_t first = 0; first < 64; first += 4) {
+    ASSERT_TRUE((*loader)->Read(first, x.data(), y.data()).ok());
+    (*net)->Forward(x.data(), out.data());
+    for (int b = 0; b < 4; ++b) {
+      double mean[3], cov[9];
+      DecodeHead(spec.uncertainty, 3, &out[b * 9], mean, cov);
+      for (int i = 0; i < 3; ++i) {
+        sq[i] += (mean[i] - y[b * 3 + i]) * (mean[i] - y[b * 3 + i]) / 64;
+        sigma[i] += std::sqrt(cov[i * 3 + i]) / 64;
+      }
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    const double rms = std::sqrt(sq[i]);
+    EXPECT_GT(sigma[i], rms / 3) << "output " << i << ": mean sigma " << sigma[i] << ", RMS error " << rms;
+    EXPECT_LT(sigma[i], rms * 3) << "output " << i << ": mean sigma " << sigma[i] << ", RMS error " << rms;
   }
 }
 

@@ -54,6 +54,45 @@ inline Checkpoint MakeTinyCheckpoint(uint64_t seed, int64_t step) {
   return ckpt;
 }
 
+// A tiny32 checkpoint with an uncertainty head (last dense layer widened to HeadWidth) and, if
+// given, calibration factors.
+inline Checkpoint MakeTinyHeadCheckpoint(uint64_t seed, int64_t step, UncertaintyHead head,
+                                         std::vector<double> sigma_scale = {}) {
+  auto spec = BuiltinSpec("tiny32");
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->uncertainty = head;
+  spec->layers.back().units = HeadWidth(head, 3);
+  NetworkOptions options;
+  auto net = Network::Create(*spec, options);
+  EXPECT_TRUE(net.ok()) << net.status().ToString();
+  (*net)->InitParameters(seed);
+  Checkpoint ckpt;
+  ckpt.spec = *spec;
+  ckpt.weights = (*net)->ExportParameters();
+  ckpt.state.step = step;
+  ckpt.state.rng_seed = seed;
+  ckpt.calibration.sigma_scale = std::move(sigma_scale);
+  if (!ckpt.calibration.empty()) ckpt.calibration.samples = 100;
+  return ckpt;
+}
+
+// The engine's raw network output (head width floats, normalised) for one cube.
+inline std::vector<float> EngineRawOutput(const std::string& checkpoint_path,
+                                          const std::vector<int16_t>& counts) {
+  auto ckpt = ReadCheckpoint(checkpoint_path);
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  NetworkOptions options;
+  auto net = Network::Create(ckpt->spec, options);
+  EXPECT_TRUE(net.ok());
+  EXPECT_TRUE((*net)->LoadParameters(ckpt->weights).ok());
+  std::vector<float> src(counts.size());
+  ApplyInputTransform(ckpt->spec.input_transform, counts.data(), int64_t(counts.size()),
+                      int64_t(counts.size()) / ckpt->spec.input_channels, src.data());
+  std::vector<float> dst(ckpt->spec.NetworkOutputs());
+  (*net)->Forward(src.data(), dst.data());
+  return dst;
+}
+
 inline std::string WriteTinyCheckpoint(const std::string& path, uint64_t seed, int64_t step = 1) {
   auto written = WriteCheckpoint(path, MakeTinyCheckpoint(seed, step));
   EXPECT_TRUE(written.ok()) << written.status().ToString();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/nn/checkpoint.h"
+#include "core/nn/ensemble.h"
 #include "core/nn/spec.h"
 #include "core/nn/network.h"
 
@@ -481,6 +482,49 @@ TEST_F(TrainerE2ETest, StagingToALocalDirectoryWithShardShufflingTrains) {
   EXPECT_EQ(bad.exit_code, 1) << bad.err;
   EXPECT_EQ(CountLines(bad.err, "cosmoflow-train: error:"), 1) << bad.err;
   EXPECT_NE(bad.err.find("--stage=/proc/forbidden"), std::string::npos) << bad.err;
+}
+
+// A deep ensemble of 3 members with a full-covariance head: each member is an ordinary run with its
+// own seed and calibrated checkpoint; the manifest lists them with the mixture's calibration and
+// loads as one model; running the command again resumes (nothing is retrained).
+TEST_F(TrainerE2ETest, EnsembleWithUncertaintyHeadWritesACalibratedManifest) {
+  ModelSpec spec = *BuiltinSpec("tiny32");
+  spec.name = "tiny32_full";
+  spec.uncertainty = UncertaintyHead::kGaussianFull;
+  spec.layers.back().units = HeadWidth(spec.uncertainty, 3);
+  std::ofstream(dir_ + "/full.json") << spec.ToJson();
+  const std::string out = dir_ + "/ens";
+  const std::string flags = "--spec=" + dir_ + "/full.json --val=" + data_ + "/val.h5 --epochs=2 --batch=4 " +
+                            "--recipe=sc18 --members=3 --mse-warmup-epochs=1 --mean-gradient=mse";
+  RunResult r = Train(2, out, flags, 240);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto e = LoadEnsemble(out + "/ensemble.json");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_EQ(e->members.size(), 3u);
+  EXPECT_EQ(e->calibration.samples, 8);
+  for (double f : e->calibration.sigma_scale) EXPECT_TRUE(f > 0 && std::isfinite(f)) << f;
+  EXPECT_EQ(e->calibration.prior_low.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(e->members[k].state.rng_seed, uint64_t(1 + k)) << "member " << k << " seed";
+    EXPECT_EQ(e->members[k].calibration.samples, 8) << "member " << k << " has its own calibration";
+    EXPECT_EQ(e->members[k].spec.uncertainty, UncertaintyHead::kGaussianFull);
+  }
+  EXPECT_NE(e->members[0].weights[0].data, e->members[1].weights[0].data) << "members differ by seed";
+  const std::string csv = ReadFile(out + "/val_predictions.csv");
+  EXPECT_EQ(csv.rfind("index,true_Omega_M,true_sigma_8,true_n_s,pred_Omega_M,pred_sigma_8,pred_n_s,sigma_Omega_M", 0),
+            0u)
+      << csv;
+  EXPECT_EQ(CountLines(csv, ","), 9) << "a header and the 8 validation cubes";
+
+  const std::string manifest = ReadFile(out + "/ensemble.json");
+  r = Train(2, out, flags, 240);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(CountLines(r.err, "resumed from"), 3) << r.err;
+  EXPECT_EQ(ReadFile(out + "/ensemble.json"), manifest) << "resuming finished members changed the ensemble";
+
+  r = Train(2, dir_ + "/bad", flags + " --resume=" + out + "/members/m0/checkpoints/ckpt-000000008.h5");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--resume="), std::string::npos) << r.err;
 }
 
 }  // namespace

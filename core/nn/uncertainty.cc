@@ -1,0 +1,296 @@
+#include "core/nn/uncertainty.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace cosmoflow {
+namespace {
+
+double Clamp(double v, double limit) { return std::min(limit, std::max(-limit, v)); }
+
+// Phi(b) - Phi(a) for a <= b, from the tail that keeps its digits.
+double NormalMassBetween(double a, double b) {
+  constexpr double kInvSqrt2 = 0.70710678118654752440;
+  if (a > 0) return 0.5 * (std::erfc(a * kInvSqrt2) - std::erfc(b * kInvSqrt2));
+  return 0.5 * (std::erfc(-b * kInvSqrt2) - std::erfc(-a * kInvSqrt2));
+}
+
+// Mean negative log-likelihood (without the constant) of the truths under N(mean, (c sigma)^2)
+// truncated to [low, high].
+double TruncatedNll(const double* truth, const double* mean, const double* sigma, int64_t n,
+                    double low, double high, double log_c) {
+  const double c = std::exp(log_c);
+  const bool bounded = std::isfinite(low) || std::isfinite(high);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double s = c * sigma[i];
+    const double z = (truth[i] - mean[i]) / s;
+    sum += std::log(s) + 0.5 * z * z;
+    if (bounded)
+      sum +=
+          std::log(std::max(1e-300, NormalMassBetween((low - mean[i]) / s, (high - mean[i]) / s)));
+  }
+  return sum / static_cast<double>(n);
+}
+
+}  // namespace
+
+void PrecisionCholesky(UncertaintyHead head, int p, const float* raw, double* l) {
+  std::fill(l, l + p * p, 0.0);
+  if (head == UncertaintyHead::kGaussian) {
+    for (int i = 0; i < p; ++i)
+      l[i * p + i] = std::exp(-0.5 * Clamp(raw[p + i], kLogVarianceLimit));
+    return;
+  }
+  for (int i = 0; i < p; ++i) l[i * p + i] = std::exp(Clamp(raw[p + i], 0.5 * kLogVarianceLimit));
+  int k = 2 * p;
+  for (int i = 1; i < p; ++i)
+    for (int j = 0; j < i; ++j) l[i * p + j] = raw[k++];
+}
+
+void CovarianceFromPrecisionCholesky(int p, const double* l, double* cov) {
+  // M = L^-1 (lower triangular), column by column: L m_j = e_j.
+  std::vector<double> m(static_cast<size_t>(p) * p, 0.0);
+  for (int j = 0; j < p; ++j) {
+    for (int i = j; i < p; ++i) {
+      double v = i == j ? 1.0 : 0.0;
+      for (int k = j; k < i; ++k) v -= l[i * p + k] * m[k * p + j];
+      m[i * p + j] = v / l[i * p + i];
+    }
+  }
+  // Covariance = M^T M.
+  for (int i = 0; i < p; ++i) {
+    for (int j = 0; j < p; ++j) {
+      double v = 0;
+      for (int k = std::max(i, j); k < p; ++k) v += m[k * p + i] * m[k * p + j];
+      cov[i * p + j] = v;
+    }
+  }
+}
+
+void DecodeHead(UncertaintyHead head, int p, const float* raw, double* mean, double* cov) {
+  for (int i = 0; i < p; ++i) mean[i] = raw[i];
+  std::fill(cov, cov + p * p, 0.0);
+  if (head == UncertaintyHead::kNone) return;
+  if (head == UncertaintyHead::kGaussian) {
+    // The diagonal case needs no factorisation: the variances are the head's own entries.
+    for (int i = 0; i < p; ++i) cov[i * p + i] = std::exp(Clamp(raw[p + i], kLogVarianceLimit));
+    return;
+  }
+  std::vector<double> l(static_cast<size_t>(p) * p);
+  PrecisionCholesky(head, p, raw, l.data());
+  CovarianceFromPrecisionCholesky(p, l.data(), cov);
+}
+
+void CombineMixture(int p, int k, const double* means, const double* covs, double* mean,
+                    double* cov) {
+  std::fill(mean, mean + p, 0.0);
+  std::fill(cov, cov + p * p, 0.0);
+  for (int m = 0; m < k; ++m)
+    for (int i = 0; i < p; ++i) mean[i] += means[m * p + i] / k;
+  for (int m = 0; m < k; ++m) {
+    const double* mu = means + m * p;
+    for (int i = 0; i < p; ++i)
+      for (int j = 0; j < p; ++j)
+        cov[i * p + j] += (covs[(m * p + i) * p + j] + (mu[i] - mean[i]) * (mu[j] - mean[j])) / k;
+  }
+}
+
+void ApplyCalibration(const Calibration& c, int p, double* cov) {
+  if (c.empty()) return;
+  for (int i = 0; i < p; ++i)
+    for (int j = 0; j < p; ++j) cov[i * p + j] *= c.sigma_scale[i] * c.sigma_scale[j];
+}
+
+void DenormalisePosterior(const ModelSpec& spec, double* mean, double* cov) {
+  const int p = static_cast<int>(spec.outputs.size());
+  for (int i = 0; i < p; ++i) {
+    const OutputSpec& o = spec.outputs[i];
+    mean[i] = o.offset + o.scale * mean[i];
+    for (int j = 0; j < p; ++j) cov[i * p + j] *= double(o.scale) * spec.outputs[j].scale;
+  }
+}
+
+Status ValidateCalibration(const Calibration& c, const ModelSpec& spec) {
+  const size_t p = spec.outputs.size();
+  if (c.empty()) return Status::Ok();
+  if (c.sigma_scale.size() != p) {
+    return InvalidArgumentError("calibration: sigma_scale has " +
+                                std::to_string(c.sigma_scale.size()) +
+                                " factors but the model has " + std::to_string(p) + " outputs");
+  }
+  for (size_t i = 0; i < p; ++i) {
+    const double s = c.sigma_scale[i];
+    if (!(s > 0) || !std::isfinite(s)) {
+      return InvalidArgumentError("calibration: sigma_scale." + spec.outputs[i].name + " = " +
+                                  std::to_string(s) + " is not positive and finite");
+    }
+  }
+  if (c.prior_low.empty() && c.prior_high.empty()) return Status::Ok();
+  if (c.prior_low.size() != p || c.prior_high.size() != p) {
+    return InvalidArgumentError("calibration: prior needs a range for each of the " +
+                                std::to_string(p) + " outputs");
+  }
+  for (size_t i = 0; i < p; ++i) {
+    if (!std::isfinite(c.prior_low[i]) || !std::isfinite(c.prior_high[i]) ||
+        !(c.prior_low[i] < c.prior_high[i])) {
+      return InvalidArgumentError(
+          "calibration: prior." + spec.outputs[i].name + " = [" + std::to_string(c.prior_low[i]) +
+          ", " + std::to_string(c.prior_high[i]) + "] is not a finite range with low < high");
+    }
+  }
+  return Status::Ok();
+}
+
+std::string CalibrationToJson(const Calibration& c, const ModelSpec& spec) {
+  nlohmann::ordered_json j;
+  j["samples"] = c.samples;
+  nlohmann::ordered_json scale = nlohmann::ordered_json::object(),
+                         prior = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < spec.outputs.size() && i < c.sigma_scale.size(); ++i) {
+    scale[spec.outputs[i].name] = c.sigma_scale[i];
+    if (i < c.prior_low.size() && i < c.prior_high.size())
+      prior[spec.outputs[i].name] = {c.prior_low[i], c.prior_high[i]};
+  }
+  j["sigma_scale"] = scale;
+  if (!prior.empty()) j["prior"] = prior;
+  return j.dump();
+}
+
+StatusOr<Calibration> CalibrationFromJson(const std::string& text, const ModelSpec& spec) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(std::string("calibration: not valid JSON: ") + e.what());
+  }
+  auto scale = j.find("sigma_scale");
+  if (!j.is_object() || scale == j.end() || !scale->is_object())
+    return InvalidArgumentError(
+        "calibration: field 'sigma_scale' must be an object keyed by output name");
+  Calibration c;
+  if (auto n = j.find("samples"); n != j.end() && n->is_number_integer())
+    c.samples = n->get<int64_t>();
+  auto prior = j.find("prior");
+  for (const OutputSpec& o : spec.outputs) {
+    auto s = scale->find(o.name);
+    if (s == scale->end() || !s->is_number())
+      return InvalidArgumentError("calibration: sigma_scale." + o.name +
+                                  " is missing or not a number");
+    c.sigma_scale.push_back(s->get<double>());
+    if (prior == j.end()) continue;
+    auto r = prior->find(o.name);
+    if (r == prior->end() || !r->is_array() || r->size() != 2 || !(*r)[0].is_number() ||
+        !(*r)[1].is_number())
+      return InvalidArgumentError("calibration: prior." + o.name + " must be [low, high]");
+    c.prior_low.push_back((*r)[0].get<double>());
+    c.prior_high.push_back((*r)[1].get<double>());
+  }
+  for (const auto& [name, value] : scale->items()) {
+    bool known = std::any_of(spec.outputs.begin(), spec.outputs.end(),
+                             [&](const OutputSpec& o) { return o.name == name; });
+    if (!known)
+      return InvalidArgumentError("calibration: sigma_scale." + name +
+                                  " names no output of the model");
+  }
+  CF_RETURN_IF_ERROR(ValidateCalibration(c, spec));
+  return c;
+}
+
+StatusOr<double> FitSigmaScale(const double* truth, const double* mean, const double* sigma,
+                               int64_t n, double low, double high, const std::string& what) {
+  if (n <= 0) return InvalidArgumentError(what + ": no samples to fit a calibration on");
+  double z2 = 0, sigma_sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(sigma[i] > 0) || !std::isfinite(sigma[i]) || !std::isfinite(mean[i]) ||
+        !std::isfinite(truth[i]))
+      return InvalidArgumentError(what + ": sample " + std::to_string(i) + " has sigma " +
+                                  std::to_string(sigma[i]) + " (must be positive and finite)");
+    const double z = (truth[i] - mean[i]) / sigma[i];
+    z2 += z * z;
+    sigma_sum += sigma[i];
+  }
+  if (!std::isfinite(low) && !std::isfinite(high)) {
+    const double c = std::sqrt(z2 / n);
+    if (!(c > 0) || !std::isfinite(c))
+      return InvalidArgumentError(what + ": fitted factor " + std::to_string(c));
+    return c;
+  }
+  // Beyond a width of twice the prior range the truncated posterior is flat over the prior (density
+  // within 3% of constant) and the likelihood no longer changes: stop the search there.
+  const double width = high - low;
+  const double mean_sigma = sigma_sum / n;
+  const double hi_log = std::min(7.0, std::log(std::max(1e-12, 2.0 * width / mean_sigma)));
+  const double lo_log = -7.0;
+  if (!(hi_log > lo_log)) return InvalidArgumentError(what + ": sigma is far wider than the prior");
+  // A coarse grid finds the basin (the truncated likelihood need not be convex in c), golden
+  // section refines it.
+  constexpr int kGrid = 280;
+  int best = 0;
+  double best_nll = std::numeric_limits<double>::infinity();
+  for (int g = 0; g <= kGrid; ++g) {
+    const double x = lo_log + (hi_log - lo_log) * g / kGrid;
+    const double v = TruncatedNll(truth, mean, sigma, n, low, high, x);
+    if (v < best_nll) best_nll = v, best = g;
+  }
+  if (best == 0)
+    return InvalidArgumentError(what + ": the fitted factor is below e^-7 (sigma far too wide?)");
+  const double step = (hi_log - lo_log) / kGrid;
+  double a = lo_log + (best - 1) * step, b = lo_log + std::min(kGrid, best + 1) * step;
+  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
+  double x1 = b - phi * (b - a), x2 = a + phi * (b - a);
+  double f1 = TruncatedNll(truth, mean, sigma, n, low, high, x1),
+         f2 = TruncatedNll(truth, mean, sigma, n, low, high, x2);
+  while (b - a > 1e-7) {
+    if (f1 < f2) {
+      b = x2, x2 = x1, f2 = f1, x1 = b - phi * (b - a);
+      f1 = TruncatedNll(truth, mean, sigma, n, low, high, x1);
+    } else {
+      a = x1, x1 = x2, f1 = f2, x2 = a + phi * (b - a);
+      f2 = TruncatedNll(truth, mean, sigma, n, low, high, x2);
+    }
+  }
+  return std::exp(0.5 * (a + b));
+}
+
+StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
+                                     const std::vector<double>& mean,
+                                     const std::vector<double>& cov,
+                                     const std::vector<double>& prior_low,
+                                     const std::vector<double>& prior_high) {
+  const int p = static_cast<int>(spec.outputs.size());
+  const int64_t n = static_cast<int64_t>(truth.size()) / p;
+  if (mean.size() != truth.size() || cov.size() != truth.size() * p)
+    return InvalidArgumentError("calibration fit: truth, mean and covariance sizes disagree");
+  const bool bounded = !prior_low.empty();
+  if (bounded && (prior_low.size() != size_t(p) || prior_high.size() != size_t(p)))
+    return InvalidArgumentError("calibration fit: the prior needs a range per output");
+  Calibration c;
+  c.samples = n;
+  std::vector<double> t(n), m(n), s(n);
+  for (int o = 0; o < p; ++o) {
+    for (int64_t i = 0; i < n; ++i) {
+      t[i] = truth[i * p + o];
+      m[i] = mean[i * p + o];
+      s[i] = std::sqrt(cov[(i * p + o) * p + o]);
+    }
+    double low = -std::numeric_limits<double>::infinity(), high = -low;
+    if (bounded) {
+      const OutputSpec& out = spec.outputs[o];
+      const double a = (prior_low[o] - out.offset) / out.scale,
+                   b = (prior_high[o] - out.offset) / out.scale;
+      low = std::min(a, b), high = std::max(a, b);
+    }
+    CF_ASSIGN_OR_RETURN(double f, FitSigmaScale(t.data(), m.data(), s.data(), n, low, high,
+                                                "calibration fit of " + spec.outputs[o].name));
+    c.sigma_scale.push_back(f);
+  }
+  c.prior_low = prior_low;
+  c.prior_high = prior_high;
+  CF_RETURN_IF_ERROR(ValidateCalibration(c, spec));
+  return c;
+}
+
+}  // namespace cosmoflow

@@ -1,0 +1,81 @@
+// Per-prediction uncertainty: the Gaussian posterior an uncertainty head's output stands for
+// (spec.h describes the head layouts), the mixture of an ensemble's posteriors, and the post-hoc
+// calibration of their widths.
+//
+// Units: normalised label units (n = (physical - offset) / scale) unless a name says physical.
+// Covariances are p x p, row-major, in the spec's output order. All functions are pure and
+// thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/status.h"
+#include "core/nn/spec.h"
+
+namespace cosmoflow {
+
+// Log-variances (gaussian) are clamped to [-kLogVarianceLimit, kLogVarianceLimit] and log-diagonal
+// Cholesky entries (gaussian_full) to half that, both when decoding and in the loss (whose gradient
+// is zero beyond): sigma stays within e^+-20 normalised units, so exp() never overflows.
+inline constexpr double kLogVarianceLimit = 40.0;
+
+// The mean and covariance of one sample from its head output (HeadWidth(head, p) floats). For
+// head none the covariance is zero.
+void DecodeHead(UncertaintyHead head, int p, const float* raw, double* mean, double* cov);
+
+// The lower-triangular Cholesky factor L (p x p row-major) of the precision the head encodes:
+// gaussian_full as in spec.h; gaussian L = diag(exp(-log_variance / 2)). Not for head none.
+void PrecisionCholesky(UncertaintyHead head, int p, const float* raw, double* l);
+// Covariance = (L L^T)^-1 = L^-T L^-1, by forward substitution (no general matrix inverse).
+void CovarianceFromPrecisionCholesky(int p, const double* l, double* cov);
+
+// The equal-weight mixture of k posteriors (means k x p, covs k x p x p): its mean is the average
+// mean, its covariance the average covariance plus the spread of the means,
+// (1/k) sum_m (mu_m - mean)(mu_m - mean)^T (the mixture's exact second moment).
+void CombineMixture(int p, int k, const double* means, const double* covs, double* mean,
+                    double* cov);
+
+// Post-hoc calibration of an uncertainty: sigma_p -> sigma_scale[p] * sigma_p.
+struct Calibration {
+  std::vector<double> sigma_scale;            // per output; empty = not calibrated (factor 1)
+  std::vector<double> prior_low, prior_high;  // per output, physical units: the prior range the
+                                              // fit truncated the posterior to (empty = none)
+  int64_t samples = 0;                        // validation samples the factors were fitted on
+  bool empty() const { return sigma_scale.empty(); }
+};
+
+// Positive finite factors, one per output; a prior range, if any, finite with low < high. The
+// message names the field ("calibration: sigma_scale.sigma_8 = -1 is not positive and finite").
+Status ValidateCalibration(const Calibration& c, const ModelSpec& spec);
+// JSON object keyed by output name:
+//   {"samples": 512, "sigma_scale": {"Omega_M": 1.04, ...}, "prior": {"Omega_M": [0.25, 0.35],
+//   ...}}
+std::string CalibrationToJson(const Calibration& c, const ModelSpec& spec);
+// Parses and validates; every output must have a factor, and no other name may appear.
+StatusOr<Calibration> CalibrationFromJson(const std::string& json, const ModelSpec& spec);
+
+// cov_ij *= s_i s_j (a no-op for an empty calibration).
+void ApplyCalibration(const Calibration& c, int p, double* cov);
+// Normalised -> physical: mean_i = offset_i + scale_i mean_i, cov_ij *= scale_i scale_j.
+void DenormalisePosterior(const ModelSpec& spec, double* mean, double* cov);
+
+// Fits one sigma factor: the c > 0 that maximises the likelihood of the truths under
+// N(mean, (c sigma)^2) truncated to [low, high] (the prior), over n samples. Without a prior
+// (low = -inf, high = +inf) that is c^2 = mean(z^2), z = (truth - mean) / sigma; with one, a 1-D
+// search over log c in [-7, 7]. Fails (naming `what`) on no samples, a sigma that is not positive
+// and finite, or a factor at the end of the search range.
+StatusOr<double> FitSigmaScale(const double* truth, const double* mean, const double* sigma,
+                               int64_t n, double low, double high, const std::string& what);
+
+// Fits every output's factor from n samples of normalised truths (n x p), means (n x p) and
+// covariances (n x p x p); prior_low/high per output in physical units (empty = none), kept in the
+// result.
+StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
+                                     const std::vector<double>& mean,
+                                     const std::vector<double>& cov,
+                                     const std::vector<double>& prior_low,
+                                     const std::vector<double>& prior_high);
+
+}  // namespace cosmoflow

@@ -1,0 +1,168 @@
+// Uncertainties in every client against a real server on loopback: the CLI prints "value ± sigma"
+// and its JSON carries sigma and the covariance exactly as served; the Python client returns the
+// same; a model without uncertainty says so (null, never 0); and a client generated from the
+// proto as it was before uncertainties keeps working against this server.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "core/io/npy.h"
+#include "server/server.h"
+#include "tests/server/server_test_util.h"
+
+namespace cosmoflow {
+namespace {
+
+using namespace cosmoflow::testing;
+using nlohmann::json;
+
+const std::string kClient = std::string(COSMOFLOW_BINARY_DIR) + "/client/cosmoflow-client";
+const std::string kSource = COSMOFLOW_SOURCE_DIR;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+class UncertaintyClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    counts_ = RandomCounts(31, kVoxels);
+    Cube cube(CubeShape{1, kSide, kSide, kSide}, DType::kInt16);
+    std::memcpy(cube.int16_data(), counts_.data(), counts_.size() * 2);
+    ASSERT_TRUE(WriteNpy(dir_ / "cube.npy", cube, /*squeeze_single_channel=*/true).ok());
+  }
+  void Start(const Checkpoint& ckpt) {
+    ASSERT_TRUE(WriteCheckpoint(dir_ / "model.h5", ckpt).ok());
+    ServerOptions o;
+    o.address = "127.0.0.1:0";
+    o.metrics_address = "";
+    o.checkpoint = dir_ / "model.h5";
+    o.watch_interval = std::chrono::milliseconds(0);
+    o.max_queue_delay = std::chrono::milliseconds(1);
+    auto s = InferenceServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(*s);
+    ASSERT_TRUE(server_->LoadInitialModel().ok());
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  Result Exec(const std::string& command) {
+    const std::string out = dir_ / "out.txt", err = dir_ / "err.txt";
+    int status = std::system((command + " > " + out + " 2> " + err).c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFileText(out), ReadFileText(err)};
+  }
+  Result Client(const std::string& args) {
+    return Exec(kClient + " --address " + address_ + " " + args);
+  }
+  Result Python(const std::string& args) {
+    return Exec("COSMOFLOW_STUBS_DIR=" + (dir_ / "stubs") + " /usr/bin/python3 " + kSource +
+                "/client/python/cosmoflow_client.py --address " + address_ + " " + args);
+  }
+  // The server's own answer over gRPC.
+  v1::PredictResponse Served() {
+    auto stub = v1::CosmoFlow::NewStub(LoopbackChannel(server_->port()));
+    v1::PredictResponse resp;
+    auto ctx = ContextWithDeadline();
+    EXPECT_TRUE(stub->Predict(ctx.get(), MakeInt16Request(counts_), &resp).ok());
+    return resp;
+  }
+
+  TempDir dir_;
+  std::vector<int16_t> counts_;
+  std::unique_ptr<InferenceServer> server_;
+  std::string address_;
+};
+
+TEST_F(UncertaintyClientTest, CliAndPythonCarrySigmaAndCovarianceAsServed) {
+  Start(MakeTinyHeadCheckpoint(5, 2, UncertaintyHead::kGaussianFull, {1.5, 0.8, 1.1}));
+  const v1::PredictResponse want = Served();
+  ASSERT_EQ(want.covariance_size(), 9);
+
+  Result cli = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(cli.code, 0) << cli.err;
+  const json j = json::parse(cli.out);
+  for (int i = 0; i < 3; ++i) {
+    const auto& p = want.parameters(i);
+    EXPECT_EQ(j["sigma"][p.name()].get<double>(), p.sigma()) << p.name();  // the same double
+    for (int k = 0; k < 3; ++k)
+      EXPECT_EQ(j["covariance"][i][k].get<double>(), want.covariance(i * 3 + k));
+  }
+  Result py = Python("--npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(py.code, 0) << py.err;
+  const json pj = json::parse(py.out);
+  EXPECT_EQ(pj["sigma"], j["sigma"]);
+  EXPECT_EQ(pj["covariance"], j["covariance"]);
+  EXPECT_EQ(pj["parameters"], j["parameters"]);
+
+  // The table: "Omega_M    0.3012 ± 0.0061", sigma to two significant digits, the value to the
+  // same decimal place, then the correlations.
+  Result table = Client("predict --npy " + (dir_ / "cube.npy"));
+  ASSERT_EQ(table.code, 0) << table.err;
+  for (int i = 0; i < 3; ++i) {
+    const auto& p = want.parameters(i);
+    std::smatch m;
+    const std::regex line(p.name() + " +(-?[0-9.]+) \u00b1 ([0-9.]+)");
+    ASSERT_TRUE(std::regex_search(table.out, m, line)) << table.out;
+    const std::string value = m[1], sigma = m[2];
+    EXPECT_NEAR(std::stod(sigma), p.sigma(), 0.05 * p.sigma()) << table.out;
+    EXPECT_NEAR(std::stod(value), p.value(), p.sigma() / 10) << table.out;
+    const size_t decimals = sigma.size() - sigma.find('.') - 1;
+    EXPECT_EQ(value.size() - value.find('.') - 1, decimals)
+        << "value and sigma to the same decimal: " << table.out;
+    const std::string significant = sigma.substr(sigma.find_first_not_of("0."));
+    EXPECT_EQ(significant.size(), 2u) << "sigma to two significant digits: " << table.out;
+  }
+  EXPECT_NE(table.out.find("correlation: Omega_M/sigma_8 "), std::string::npos) << table.out;
+
+  Result info = Client("info --json");
+  ASSERT_EQ(info.code, 0) << info.err;
+  const json ij = json::parse(info.out);
+  EXPECT_EQ(ij["uncertainty"], "gaussian");
+  EXPECT_EQ(ij["uncertainty_head"], "gaussian_full");
+  EXPECT_EQ(ij["calibration"], json::array({1.5, 0.8, 1.1}));
+  Result text = Client("info");
+  EXPECT_NE(
+      text.out.find(
+          "uncertainty      gaussian (gaussian_full head), sigma calibrated x1.5 / 0.8 / 1.1"),
+      std::string::npos)
+      << text.out;
+}
+
+TEST_F(UncertaintyClientTest, WithoutUncertaintyEveryClientSaysSo) {
+  Start(MakeTinyCheckpoint(3, 1));
+  Result cli = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(cli.code, 0) << cli.err;
+  const json j = json::parse(cli.out);
+  EXPECT_TRUE(j.contains("sigma") && j["sigma"].is_null()) << cli.out;
+  EXPECT_TRUE(j["covariance"].is_null()) << cli.out;
+  Result table = Client("predict --npy " + (dir_ / "cube.npy"));
+  EXPECT_NE(table.out.find("uncertainty: none"), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find("\u00b1"), std::string::npos) << table.out;
+  Result py = Python("--npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(py.code, 0) << py.err;
+  EXPECT_TRUE(json::parse(py.out)["sigma"].is_null()) << py.out;
+  EXPECT_EQ(json::parse(py.out)["parameters"], j["parameters"]);
+  Result info = Client("info --json");
+  EXPECT_EQ(json::parse(info.out)["uncertainty"], "none");
+}
+
+TEST_F(UncertaintyClientTest, ClientFromThePreviousProtoKeepsWorking) {
+  const std::string old_proto = CF_PREVIOUS_PROTO_DIR;
+  ASSERT_TRUE(std::filesystem::exists(old_proto + "/cosmoflow.proto"))
+      << "the previous proto was not extracted at configure time (git show failed: not a git "
+         "checkout?)";
+  Start(MakeTinyHeadCheckpoint(6, 2, UncertaintyHead::kGaussianFull, {1.2, 1.0, 0.9}));
+  std::filesystem::create_directories(dir_ / "old_stubs");
+  Result old =
+      Exec("/usr/bin/python3 " + kSource + "/tests/client/old_client_check.py " + old_proto + " " +
+           (dir_ / "old_stubs") + " " + address_ + " " + (dir_ / "cube.npy"));
+  ASSERT_EQ(old.code, 0) << old.err;
+  Result cli = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(cli.code, 0) << cli.err;
+  EXPECT_EQ(json::parse(old.out), json::parse(cli.out)["parameters"]) << "old: " << old.out;
+}
+
+}  // namespace
+}  // namespace cosmoflow

@@ -1,0 +1,353 @@
+// Uncertainty heads: the spec field, the posterior a head output stands for (against hand
+// computations), the Gaussian NLL and its gradient (against finite differences), ensemble mixtures,
+// and the calibration fit on miscalibrated toys with known noise.
+#include "core/nn/uncertainty.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/nn/loss.h"
+#include "core/nn/spec.h"
+
+namespace cosmoflow {
+namespace {
+
+ModelSpec TinyWithHead(UncertaintyHead head) {
+  ModelSpec s = *BuiltinSpec("tiny32");
+  s.uncertainty = head;
+  s.layers.back().units = HeadWidth(head, 3);
+  return s;
+}
+
+TEST(UncertaintySpecTest, HeadWidthsAndJson) {
+  EXPECT_EQ(HeadWidth(UncertaintyHead::kNone, 3), 3);
+  EXPECT_EQ(HeadWidth(UncertaintyHead::kGaussian, 3), 6);
+  EXPECT_EQ(HeadWidth(UncertaintyHead::kGaussianFull, 3), 9);
+  EXPECT_EQ(HeadWidth(UncertaintyHead::kGaussianFull, 4), 14);
+  for (auto head : {UncertaintyHead::kGaussian, UncertaintyHead::kGaussianFull}) {
+    ModelSpec s = TinyWithHead(head);
+    ASSERT_TRUE(s.Validate().ok()) << s.Validate().ToString();
+    EXPECT_EQ(s.NetworkOutputs(), HeadWidth(head, 3));
+    const std::string json = s.ToJson();
+    EXPECT_NE(json.find(std::string("\"uncertainty\":\"") + UncertaintyHeadName(head) + "\""),
+              std::string::npos);
+    auto back = ModelSpec::FromJson(json);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->uncertainty, head);
+    EXPECT_EQ(back->ToJson(), json);
+  }
+  // No head: the JSON stays what it was (no key), so existing checkpoints and specs are unchanged.
+  EXPECT_EQ(BuiltinSpec("tiny32")->ToJson().find("uncertainty"), std::string::npos);
+}
+
+TEST(UncertaintySpecTest, IncompatibleOutputsAreRefusedNamingTheField) {
+  ModelSpec s = TinyWithHead(UncertaintyHead::kGaussianFull);
+  s.layers.back().units = 3;  // the means only
+  Status st = s.Validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("uncertainty 'gaussian_full'"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("9 units"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("got 3"), std::string::npos) << st.message();
+
+  s = TinyWithHead(UncertaintyHead::kGaussian);
+  s.layers.back().units = 9;
+  st = s.Validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("uncertainty 'gaussian'"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("6 units"), std::string::npos) << st.message();
+
+  // A bounded last layer would bound the log-variances.
+  ModelSpec m = *BuiltinSpec("mlperf64");
+  m.uncertainty = UncertaintyHead::kGaussian;
+  m.layers[m.layers.size() - 2].units = 8;
+  st = m.Validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("scaled_tanh"), std::string::npos) << st.message();
+
+  auto r = ModelSpec::FromJson(R"({"input_channels":1,"input_side":8,"outputs":[{"name":"a"}],
+      "uncertainty":"laplace","layers":[{"type":"flatten"},{"type":"dense","units":2}]})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'uncertainty'"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("laplace"), std::string::npos) << r.status().message();
+}
+
+// The inverse of a 3x3 matrix by cofactors: independent of the forward substitution under test.
+std::vector<double> Inverse3(const std::vector<double>& a) {
+  auto at = [&](int i, int j) { return a[i * 3 + j]; };
+  std::vector<double> c(9);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) {
+      const int r0 = (i + 1) % 3, r1 = (i + 2) % 3, c0 = (j + 1) % 3, c1 = (j + 2) % 3;
+      c[j * 3 + i] = at(r0, c0) * at(r1, c1) - at(r0, c1) * at(r1, c0);  // adjugate (transposed)
+    }
+  const double det = at(0, 0) * c[0] + at(0, 1) * c[3] + at(0, 2) * c[6];
+  for (auto& v : c) v /= det;
+  return c;
+}
+
+TEST(UncertaintyTest, CovarianceFromCholeskyMatchesHandComputation) {
+  // L = [[2, 0, 0], [0.5, 1, 0], [-1, 0.25, 4]]: log-diagonal log 2, 0, log 4; below the diagonal
+  // row-major (1,0) = 0.5, (2,0) = -1, (2,1) = 0.25.
+  const float raw[9] = {0.1f, -0.2f, 0.3f, std::log(2.f), 0.f, std::log(4.f), 0.5f, -1.f, 0.25f};
+  double mean[3], cov[9];
+  DecodeHead(UncertaintyHead::kGaussianFull, 3, raw, mean, cov);
+  EXPECT_DOUBLE_EQ(mean[0], 0.1f);
+  EXPECT_DOUBLE_EQ(mean[2], 0.3f);
+  // Precision by hand: Lambda = L L^T.
+  const double l[9] = {2, 0, 0, 0.5, 1, 0, -1, 0.25, 4};
+  std::vector<double> precision(9, 0.0);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 3; ++k) precision[i * 3 + j] += l[i * 3 + k] * l[j * 3 + k];
+  EXPECT_DOUBLE_EQ(precision[0], 4.0);
+  EXPECT_DOUBLE_EQ(precision[1], 1.0);      // 2 * 0.5
+  EXPECT_DOUBLE_EQ(precision[8], 17.0625);  // 1 + 0.0625 + 16
+  const std::vector<double> want = Inverse3(precision);
+  for (int i = 0; i < 9; ++i) EXPECT_NEAR(cov[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << i;
+  EXPECT_NEAR(cov[1], cov[3], 1e-15);  // symmetric
+  // By hand: det(Lambda) = (2 * 1 * 4)^2 = 64; Var(y0) = (1.25 * 17.0625 - 0.0625) / 64; and the
+  // last output's variance is 1 / L_22^2 = 1/16 (the last row of a precision Cholesky factor).
+  EXPECT_NEAR(cov[0], 21.265625 / 64, 1e-6);
+  EXPECT_NEAR(cov[8], 1.0 / 16, 1e-7);
+  EXPECT_NEAR(cov[2], 2.25 / 64, 1e-7);
+
+  // The diagonal head: variances are exp(log-variance), no correlation.
+  const float diag[6] = {1.f, 2.f, 3.f, std::log(0.25f), 0.f, std::log(9.f)};
+  DecodeHead(UncertaintyHead::kGaussian, 3, diag, mean, cov);
+  EXPECT_NEAR(cov[0], 0.25, 1e-7);
+  EXPECT_NEAR(cov[4], 1.0, 1e-7);
+  EXPECT_NEAR(cov[8], 9.0, 1e-6);
+  EXPECT_EQ(cov[1], 0.0);
+  // No head: zero covariance.
+  DecodeHead(UncertaintyHead::kNone, 3, diag, mean, cov);
+  for (double v : cov) EXPECT_EQ(v, 0.0);
+}
+
+TEST(UncertaintyTest, MixtureOfMembersMatchesHandComputation) {
+  // Two members, p = 2: means (1, 2) and (3, 0); covariances I and [[2, 0.5], [0.5, 1]].
+  // Mean (2, 1); mean covariance [[1.5, 0.25], [0.25, 1]]; spread of the means: deviations (-1, 1)
+  // and (1, -1), (1/2) sum d d^T = [[1, -1], [-1, 1]]. Total [[2.5, -0.75], [-0.75, 2]].
+  const double means[4] = {1, 2, 3, 0};
+  const double covs[8] = {1, 0, 0, 1, 2, 0.5, 0.5, 1};
+  double mean[2], cov[4];
+  CombineMixture(2, 2, means, covs, mean, cov);
+  EXPECT_DOUBLE_EQ(mean[0], 2.0);
+  EXPECT_DOUBLE_EQ(mean[1], 1.0);
+  EXPECT_DOUBLE_EQ(cov[0], 2.5);
+  EXPECT_DOUBLE_EQ(cov[1], -0.75);
+  EXPECT_DOUBLE_EQ(cov[2], -0.75);
+  EXPECT_DOUBLE_EQ(cov[3], 2.0);
+  // Three point predictors (zero covariance), p = 1: 0, 3, 6 -> mean 3, variance (9 + 0 + 9) / 3.
+  const double points[3] = {0, 3, 6}, zeros[3] = {0, 0, 0};
+  CombineMixture(1, 3, points, zeros, mean, cov);
+  EXPECT_DOUBLE_EQ(mean[0], 3.0);
+  EXPECT_DOUBLE_EQ(cov[0], 6.0);
+}
+
+// The NLL computed the textbook way from the decoded covariance: 0.5 log det(2 pi C) + 0.5 r^T C^-1
+// r.
+double ReferenceNll(UncertaintyHead head, const float* raw, const float* y) {
+  double mean[3], cov[9];
+  DecodeHead(head, 3, raw, mean, cov);
+  const std::vector<double> inv = Inverse3(std::vector<double>(cov, cov + 9));
+  const std::vector<double> c(cov, cov + 9);
+  const double det = c[0] * (c[4] * c[8] - c[5] * c[7]) - c[1] * (c[3] * c[8] - c[5] * c[6]) +
+                     c[2] * (c[3] * c[7] - c[4] * c[6]);
+  double q = 0;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) q += (y[i] - mean[i]) * inv[i * 3 + j] * (y[j] - mean[j]);
+  return 0.5 * (3 * std::log(2 * M_PI) + std::log(det) + q);
+}
+
+TEST(LossTest, GaussianNllValueMatchesTheTextbookDensity) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  for (auto head : {UncertaintyHead::kGaussian, UncertaintyHead::kGaussianFull}) {
+    const int w = HeadWidth(head, 3), batch = 4;
+    std::vector<float> pred(batch * w), y(batch * 3);
+    for (auto& v : pred) v = 0.5f * n01(rng);
+    for (auto& v : y) v = n01(rng);
+    double want = 0;
+    for (int b = 0; b < batch; ++b) want += ReferenceNll(head, &pred[b * w], &y[b * 3]);
+    want /= batch * 3;
+    EXPECT_NEAR(GaussianNll(head, 3, pred.data(), y.data(), batch, nullptr), want, 1e-5)
+        << UncertaintyHeadName(head);
+  }
+}
+
+// Central differences in double around float inputs, against the analytic gradient.
+void ExpectGradientMatchesFiniteDifferences(UncertaintyHead head, MeanGradient mg) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  const int p = 3, w = HeadWidth(head, p), batch = 3;
+  std::vector<float> pred(batch * w), y(batch * p), diff(batch * w);
+  for (auto& v : pred) v = 0.6f * n01(rng);
+  for (auto& v : y) v = n01(rng);
+  GaussianNll(head, p, pred.data(), y.data(), batch, diff.data(), mg);
+  for (int k = 0; k < batch * w; ++k) {
+    const bool is_mean = k % w < p;
+    double want;
+    if (is_mean && mg == MeanGradient::kMse) {
+      const int b = k / w, i = k % w;
+      want = 2.0 * (pred[k] - y[b * p + i]) / (batch * p);  // the MSE's gradient
+    } else {
+      const float h = 1e-2f;
+      std::vector<float> plus = pred, minus = pred;
+      plus[k] += h;
+      minus[k] -= h;
+      const double fp = GaussianNll(head, p, plus.data(), y.data(), batch, nullptr);
+      const double fm = GaussianNll(head, p, minus.data(), y.data(), batch, nullptr);
+      want = (fp - fm) / (double(plus[k]) - double(minus[k]));
+    }
+    EXPECT_NEAR(diff[k], want, 2e-4 * (1 + std::abs(want)))
+        << UncertaintyHeadName(head) << " " << MeanGradientName(mg) << " entry " << k % w
+        << " of sample " << k / w;
+  }
+}
+
+TEST(LossTest, GaussianNllGradientMatchesFiniteDifferences) {
+  for (auto head : {UncertaintyHead::kGaussian, UncertaintyHead::kGaussianFull})
+    for (auto mg : {MeanGradient::kNll, MeanGradient::kMse})
+      ExpectGradientMatchesFiniteDifferences(head, mg);
+}
+
+TEST(LossTest, GaussianNllIsFiniteForExtremeHeadOutputs) {
+  // Log entries far beyond the clamp: finite loss, finite gradients, zero for the clamped entries.
+  const float pred[9] = {0.f, 0.f, 0.f, 500.f, -500.f, 0.f, 1e3f, -1e3f, 0.f};
+  const float y[3] = {1.f, -1.f, 0.5f};
+  float diff[9];
+  const double nll = GaussianNll(UncertaintyHead::kGaussianFull, 3, pred, y, 1, diff);
+  EXPECT_TRUE(std::isfinite(nll));
+  for (float d : diff) EXPECT_TRUE(std::isfinite(d));
+  EXPECT_EQ(diff[3], 0.f);
+  EXPECT_EQ(diff[4], 0.f);
+}
+
+TEST(LossTest, MseOfMeansIgnoresTheCovarianceEntries) {
+  const float pred[6] = {1.f, 2.f, 3.f, 7.f, 8.f, 9.f};
+  const float y[3] = {0.f, 2.f, 5.f};
+  float diff[6];
+  const double mse = MeanSquaredErrorOfMeans(UncertaintyHead::kGaussian, 3, pred, y, 1, diff);
+  float plain[3];
+  EXPECT_DOUBLE_EQ(mse, ComputeLoss(LossType::kMse, pred, y, 3, plain));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(diff[i], plain[i]);
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(diff[i], 0.f);
+}
+
+TEST(CalibrationTest, AppliesJsonRoundTripAndRefusesBadFactorsNamingTheField) {
+  ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussianFull);
+  Calibration c;
+  c.sigma_scale = {2.0, 0.5, 1.0};
+  c.prior_low = {0.25, 0.78, 0.9};
+  c.prior_high = {0.35, 0.95, 1.0};
+  c.samples = 512;
+  ASSERT_TRUE(ValidateCalibration(c, spec).ok());
+  double cov[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  ApplyCalibration(c, 3, cov);
+  EXPECT_DOUBLE_EQ(cov[0], 4.0);
+  EXPECT_DOUBLE_EQ(cov[1], 1.0);  // 2 * 0.5
+  EXPECT_DOUBLE_EQ(cov[4], 0.25);
+  EXPECT_DOUBLE_EQ(cov[8], 1.0);
+  auto back = CalibrationFromJson(CalibrationToJson(c, spec), spec);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->sigma_scale, c.sigma_scale);
+  EXPECT_EQ(back->prior_high, c.prior_high);
+  EXPECT_EQ(back->samples, 512);
+
+  for (double bad : {-1.0, 0.0, std::nan(""), double(INFINITY)}) {
+    Calibration b = c;
+    b.sigma_scale[1] = bad;
+    Status st = ValidateCalibration(b, spec);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("sigma_scale.sigma_8"), std::string::npos) << st.message();
+  }
+  Calibration flipped = c;
+  flipped.prior_low[2] = 1.1;
+  EXPECT_NE(ValidateCalibration(flipped, spec).message().find("prior.n_s"), std::string::npos);
+  auto missing = CalibrationFromJson(R"({"sigma_scale": {"Omega_M": 1, "sigma_8": 1}})", spec);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("sigma_scale.n_s"), std::string::npos)
+      << missing.status().message();
+  auto extra = CalibrationFromJson(
+      R"({"sigma_scale": {"Omega_M": 1, "sigma_8": 1, "n_s": 1, "H0": 1}})", spec);
+  ASSERT_FALSE(extra.ok());
+  EXPECT_NE(extra.status().message().find("sigma_scale.H0"), std::string::npos)
+      << extra.status().message();
+}
+
+// The miscalibrated toy: predictions claim sigma_i but the truths scatter with k * sigma_i. The fit
+// must recover k. With n = 20000 the estimate's own spread is about k / sqrt(2n) = 0.5% of k, so
+// the 2% tolerance is 4 of those.
+TEST(CalibrationTest, RecoversTheNoiseLevelOfAMiscalibratedToy) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const int64_t n = 20000;
+  for (double k : {0.6, 1.0, 1.7}) {
+    std::vector<double> truth(n), mean(n), sigma(n);
+    for (int64_t i = 0; i < n; ++i) {
+      mean[i] = u(rng);
+      sigma[i] = 0.01 + 0.04 * u(rng);  // heteroscedastic: the factor is common, sigma is not
+      truth[i] = mean[i] + k * sigma[i] * n01(rng);
+    }
+    auto c = FitSigmaScale(truth.data(), mean.data(), sigma.data(), n, -INFINITY, INFINITY, "toy");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_NEAR(*c, k, 0.02 * k) << "untruncated toy, k = " << k;
+  }
+}
+
+// Truncated toy: truths from N(mean, (k sigma)^2) truncated to the prior [0, 1], with means near
+// the edges, where truncation matters. The truncated fit recovers k (4% tolerance); the untruncated
+// formula on the same data misses it by more than that, which is why the fit knows the prior.
+TEST(CalibrationTest, TruncatedFitRecoversTheNoiseLevelNearThePriorEdges) {
+  std::mt19937_64 rng(4);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const int64_t n = 20000;
+  const double k = 1.5;
+  std::vector<double> truth(n), mean(n), sigma(n, 0.2);
+  for (int64_t i = 0; i < n; ++i) {
+    mean[i] = u(rng) < 0.5 ? 0.05 : 0.95;
+    double t;
+    do t = mean[i] + k * sigma[i] * n01(rng);
+    while (t < 0.0 || t > 1.0);
+    truth[i] = t;
+  }
+  auto truncated = FitSigmaScale(truth.data(), mean.data(), sigma.data(), n, 0.0, 1.0, "toy");
+  ASSERT_TRUE(truncated.ok()) << truncated.status().ToString();
+  EXPECT_NEAR(*truncated, k, 0.04 * k);
+  auto naive =
+      FitSigmaScale(truth.data(), mean.data(), sigma.data(), n, -INFINITY, INFINITY, "toy");
+  ASSERT_TRUE(naive.ok());
+  EXPECT_GT(std::abs(*naive - k), 0.04 * k) << "the toy does not exercise truncation";
+}
+
+TEST(CalibrationTest, FitCalibrationPerOutputAndBadInput) {
+  ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussian);
+  std::mt19937_64 rng(9);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  const int64_t n = 8000;
+  const double k[3] = {0.5, 1.0, 2.0};
+  std::vector<double> truth(n * 3), mean(n * 3, 0.0), cov(n * 9, 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int o = 0; o < 3; ++o) {
+      cov[(i * 3 + o) * 3 + o] = 0.01;  // sigma 0.1 claimed
+      truth[i * 3 + o] = k[o] * 0.1 * n01(rng);
+    }
+  auto c = FitCalibration(spec, truth, mean, cov, {}, {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (int o = 0; o < 3; ++o) EXPECT_NEAR(c->sigma_scale[o], k[o], 0.04 * k[o]) << o;
+  EXPECT_EQ(c->samples, n);
+
+  cov[(5 * 3 + 1) * 3 + 1] = -1.0;  // a negative variance: refused, naming the output
+  auto bad = FitCalibration(spec, truth, mean, cov, {}, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sigma_8"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(FitSigmaScale(nullptr, nullptr, nullptr, 0, -INFINITY, INFINITY, "empty").ok());
+}
+
+}  // namespace
+}  // namespace cosmoflow

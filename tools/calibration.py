@@ -1,0 +1,107 @@
+"""Calibration arithmetic for the accuracy study (tools/accuracy_report.py) and its toy test.
+
+Posteriors are Gaussian (mean, sigma per parameter; covariance for joint regions), truncated to the
+prior range [low, high] where a parameter's interval is meant: for n_s the posterior is close to
+its flat prior, and an untruncated Gaussian would put probability outside what the data can be.
+The sigma-factor fit is the same as core/nn/uncertainty.cc's FitSigmaScale (truncated-Gaussian
+maximum likelihood over log c), so the study can recalibrate a predictor the server does not
+serve (the symmetry mixture) the way the trainer calibrates the served one.
+"""
+import math
+
+import numpy as np
+from scipy.special import ndtr, ndtri
+
+LEVELS = (0.683, 0.954)  # the 1- and 2-sigma central intervals
+
+
+def pit(truth, mean, sigma, low=-np.inf, high=np.inf):
+    """Probability integral transform: the truth's CDF value under N(mean, sigma^2) truncated to
+    [low, high]; clipped to [0, 1] (a truth just outside an estimated prior is outside every
+    interval)."""
+    a, b = ndtr((low - mean) / sigma), ndtr((high - mean) / sigma)
+    u = (ndtr((truth - mean) / sigma) - a) / np.maximum(b - a, 1e-300)
+    return np.clip(u, 0.0, 1.0)
+
+
+def coverage(u, level):
+    """Fraction of truths inside the central `level` interval, from their PIT values."""
+    return float(np.mean(np.abs(np.asarray(u) - 0.5) <= level / 2))
+
+
+def truncated_nll(truth, mean, sigma, low=-np.inf, high=np.inf):
+    """Mean negative log-likelihood (with the constant) under the truncated Gaussian."""
+    z = (truth - mean) / sigma
+    nll = 0.5 * z * z + np.log(sigma) + 0.5 * math.log(2 * math.pi)
+    if np.isfinite(low) or np.isfinite(high):
+        mass = ndtr((high - mean) / sigma) - ndtr((low - mean) / sigma)
+        nll = nll + np.log(np.maximum(mass, 1e-300))
+    return float(np.mean(nll))
+
+
+def gaussian_nll(truth, mean, sigma):
+    return truncated_nll(truth, mean, sigma)
+
+
+def fit_sigma_scale(truth, mean, sigma, low=-np.inf, high=np.inf):
+    """The factor c > 0 maximising the likelihood of the truths under N(mean, (c sigma)^2)
+    truncated to [low, high]: c^2 = mean(z^2) without a prior; otherwise a grid over log c in
+    [-7, log(2 (high - low) / mean sigma)] (beyond twice the prior width the truncated posterior
+    is flat over the prior) refined by golden section."""
+    truth, mean, sigma = (np.asarray(x, dtype=float) for x in (truth, mean, sigma))
+    if len(truth) == 0 or not np.all(np.isfinite(sigma)) or not np.all(sigma > 0):
+        raise ValueError("sigma must be positive and finite for every sample")
+    if not (np.isfinite(low) or np.isfinite(high)):
+        return float(np.sqrt(np.mean(((truth - mean) / sigma) ** 2)))
+    hi_log = min(7.0, math.log(max(1e-12, 2 * (high - low) / sigma.mean())))
+    f = lambda x: truncated_nll(truth, mean, math.exp(x) * sigma, low, high)  # noqa: E731
+    grid = np.linspace(-7.0, hi_log, 281)
+    values = [f(x) for x in grid]
+    best = int(np.argmin(values))
+    if best == 0:
+        raise ValueError("the fitted factor is below e^-7 (sigma far too wide?)")
+    a, b = grid[best - 1], grid[min(len(grid) - 1, best + 1)]
+    phi = (math.sqrt(5) - 1) / 2
+    x1, x2 = b - phi * (b - a), a + phi * (b - a)
+    f1, f2 = f(x1), f(x2)
+    while b - a > 1e-7:
+        if f1 < f2:
+            b, x2, f2 = x2, x1, f1
+            x1 = b - phi * (b - a)
+            f1 = f(x1)
+        else:
+            a, x1, f1 = x1, x2, f2
+            x2 = a + phi * (b - a)
+            f2 = f(x2)
+    return math.exp((a + b) / 2)
+
+
+def ellipse_coverage(truth, mean, cov, level):
+    """Fraction of truth vectors inside the `level` region of N(mean, cov) (any dimension d):
+    Mahalanobis distance^2 below the chi-square quantile, -2 ln(1 - level) for d = 2."""
+    r = np.asarray(truth) - np.asarray(mean)
+    d = r.shape[1]
+    quantile = -2 * math.log(1 - level) if d == 2 else _chi2_quantile(level, d)
+    m = np.einsum("ni,nij,nj->n", r, np.linalg.inv(cov), r)
+    return float(np.mean(m <= quantile))
+
+
+def _chi2_quantile(level, d):
+    from scipy.stats import chi2
+    return float(chi2.ppf(level, d))
+
+
+def mixture(means, covs):
+    """Moments of an equal-weight mixture over axis 1: means (n, k, p), covs (n, k, p, p) ->
+    the mean of the means and the mean covariance plus the spread of the means (1/k)."""
+    mean = means.mean(axis=1)
+    dev = means - mean[:, None, :]
+    return mean, covs.mean(axis=1) + np.einsum("nki,nkj->nij", dev, dev) / means.shape[1]
+
+
+def interval(mean, sigma, low, high, level):
+    """The central `level` interval of the truncated Gaussian (for error bars)."""
+    a, b = ndtr((low - mean) / sigma), ndtr((high - mean) / sigma)
+    lo = mean + sigma * ndtri(a + (b - a) * (0.5 - level / 2))
+    hi = mean + sigma * ndtri(a + (b - a) * (0.5 + level / 2))
+    return lo, hi
