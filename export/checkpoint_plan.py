@@ -59,8 +59,11 @@ def _read_tensors(root, group, path):
     if group not in root:
         raise ExportError(f"{path}: missing group /{group}")
     g = root[group]
+    order = g.attrs.get("order")
+    if order is None or order.__class__.__name__ == "Empty":  # no tensors: an empty attribute
+        order = []
     tensors = []
-    for name in g.attrs.get("order", []):
+    for name in order:
         name = name.decode() if isinstance(name, bytes) else str(name)
         if name not in g:
             raise ExportError(f"{path}: tensor '{name}' listed in /{group} is missing")
@@ -90,19 +93,26 @@ def read_checkpoint(path):
         f = h5py.File(path, "r")
     except OSError as e:
         raise ExportError(f"{path}: cannot open as HDF5 ({e})") from e
-    with f:
-        if "format" not in f.attrs or _attr(f, "format", path) != FORMAT_NAME:
-            raise ExportError(f"{path}: not a CosmoFlow checkpoint (attribute format='{FORMAT_NAME}' missing)")
-        version = int(_attr(f, "format_version", path))
-        if version != FORMAT_VERSION:
-            raise ExportError(f"{path}: checkpoint format version {version}, this exporter reads version "
-                              f"{FORMAT_VERSION}")
-        stored = _attr(f, "checksum", path)
-        spec_json = _attr(f, "spec_json", path)
-        state = [int(_attr(f, k, path)) for k in ("step", "epoch", "samples_seen", "rng_seed")]
-        state.append(str(_attr(f, "optimizer", path)))
-        weights = _read_tensors(f, "weights", path)
-        optimizer_state = _read_tensors(f, "optimizer", path)
+    try:
+        with f:
+            return _read_open_checkpoint(f, path)
+    except (OSError, KeyError, TypeError, ValueError) as e:  # HDF5 damage below the checksum's reach
+        raise ExportError(f"{path}: unreadable checkpoint ({e})") from e
+
+
+def _read_open_checkpoint(f, path):
+    if "format" not in f.attrs or _attr(f, "format", path) != FORMAT_NAME:
+        raise ExportError(f"{path}: not a CosmoFlow checkpoint (attribute format='{FORMAT_NAME}' missing)")
+    version = int(_attr(f, "format_version", path))
+    if version != FORMAT_VERSION:
+        raise ExportError(f"{path}: checkpoint format version {version}, this exporter reads version "
+                          f"{FORMAT_VERSION}")
+    stored = _attr(f, "checksum", path)
+    spec_json = _attr(f, "spec_json", path)
+    state = [int(_attr(f, k, path)) for k in ("step", "epoch", "samples_seen", "rng_seed")]
+    state.append(str(_attr(f, "optimizer", path)))
+    weights = _read_tensors(f, "weights", path)
+    optimizer_state = _read_tensors(f, "optimizer", path)
     actual = _payload_checksum(spec_json, state, weights, optimizer_state)
     if actual != stored:
         raise ExportError(f"{path}: checksum mismatch (stored {stored}, computed {actual}): the checkpoint is corrupt")
