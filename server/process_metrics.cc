@@ -16,8 +16,10 @@ using prometheus::MetricType;
 
 MetricFamily One(const char* name, const char* help, MetricType type, double value) {
   ClientMetric m;
-  if (type == MetricType::Counter) m.counter.value = value;
-  else m.gauge.value = value;
+  if (type == MetricType::Counter)
+    m.counter.value = value;
+  else
+    m.gauge.value = value;
   return MetricFamily{name, help, type, {m}};
 }
 
@@ -72,17 +74,21 @@ std::vector<MetricFamily> ProcessMetrics::Collect() const {
   double cpu = 0, start = 0, vsize = 0, rss = 0;
   const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
   if (ReadStat(&cpu, &start, &vsize, &rss)) {
-    out.push_back(One("process_resident_memory_bytes", "Resident memory size in bytes", MetricType::Gauge,
-                      rss * static_cast<double>(::sysconf(_SC_PAGESIZE))));
-    out.push_back(One("process_virtual_memory_bytes", "Virtual memory size in bytes", MetricType::Gauge, vsize));
-    out.push_back(One("process_cpu_seconds_total", "Total user and system CPU time spent in seconds",
-                      MetricType::Counter, cpu / ticks));
+    out.push_back(One("process_resident_memory_bytes", "Resident memory size in bytes",
+                      MetricType::Gauge, rss * static_cast<double>(::sysconf(_SC_PAGESIZE))));
+    out.push_back(One("process_virtual_memory_bytes", "Virtual memory size in bytes",
+                      MetricType::Gauge, vsize));
+    out.push_back(One("process_cpu_seconds_total",
+                      "Total user and system CPU time spent in seconds", MetricType::Counter,
+                      cpu / ticks));
     if (const double boot = BootTime(); boot > 0)
-      out.push_back(One("process_start_time_seconds", "Start time of the process since unix epoch in seconds",
-                        MetricType::Gauge, boot + start / ticks));
+      out.push_back(One("process_start_time_seconds",
+                        "Start time of the process since unix epoch in seconds", MetricType::Gauge,
+                        boot + start / ticks));
   }
   if (const int fds = OpenFds(); fds >= 0)
-    out.push_back(One("process_open_fds", "Number of open file descriptors", MetricType::Gauge, fds));
+    out.push_back(
+        One("process_open_fds", "Number of open file descriptors", MetricType::Gauge, fds));
   return out;
 }
 

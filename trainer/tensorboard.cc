@@ -25,7 +25,9 @@ void PutFixed(T v, std::string* out) {
   std::memcpy(bytes, &v, sizeof(T));
   out->append(bytes, sizeof(T));
 }
-void PutKey(int field, int wire_type, std::string* out) { PutVarint(uint64_t(field) << 3 | uint64_t(wire_type), out); }
+void PutKey(int field, int wire_type, std::string* out) {
+  PutVarint(uint64_t(field) << 3 | uint64_t(wire_type), out);
+}
 void PutBytes(int field, const std::string& bytes, std::string* out) {
   PutKey(field, 2, out);
   PutVarint(bytes.size(), out);
@@ -76,8 +78,8 @@ StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Create(const std
   ::gethostname(host, sizeof host - 1);
   const double now = WallTime();
   char name[512];
-  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d", static_cast<long long>(now), host,
-                static_cast<int>(::getpid()));
+  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d", static_cast<long long>(now),
+                host, static_cast<int>(::getpid()));
   const std::string path = dir + "/" + name;
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) return NotFoundError(path + ": cannot create the TensorBoard events file");
@@ -88,7 +90,8 @@ StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Create(const std
 
 TensorBoardWriter::~TensorBoardWriter() { std::fclose(file_); }
 
-void TensorBoardWriter::WriteScalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
+void TensorBoardWriter::WriteScalars(int64_t step,
+                                     const std::vector<std::pair<std::string, double>>& scalars) {
   WriteRecord(EncodeScalarsEvent(WallTime(), step, scalars));
 }
 

@@ -46,7 +46,8 @@ constexpr char kBatchNormSpec[] = R"({"name": "bn-same", "input_channels": 2, "i
              {"type": "dense", "units": 3}, {"type": "scaled_tanh", "scale": 2.0}]})";
 
 // Four channels, overdensity, VALID convs, H0 with a unit.
-constexpr char kOverdensitySpec[] = R"({"name": "overdensity4", "input_channels": 4, "input_side": 16,
+constexpr char kOverdensitySpec[] =
+    R"({"name": "overdensity4", "input_channels": 4, "input_side": 16,
   "input_transform": "overdensity",
   "outputs": [{"name": "Omega_M", "offset": 0.3, "scale": 0.05}, {"name": "sigma_8", "offset": 0.865, "scale": 0.085},
               {"name": "n_s", "offset": 0.95, "scale": 0.05}, {"name": "H0", "unit": "km/s/Mpc", "offset": 70, "scale": 7}],
@@ -118,8 +119,10 @@ std::vector<std::string> WriteCubes(const ModelSpec& spec, const TempDir& dir, i
     const int64_t total = cube.shape().elements(), per = cube.shape().voxels();
     for (int64_t k = 0; k < total; ++k) {
       const bool empty = i == 1 && spec.input_channels > 1 && k / per == 1;
-      if (floats) cube.float_data()[k] = empty ? 0.f : density(rng);
-      else cube.int16_data()[k] = int16_t(empty ? 0 : counts(rng));
+      if (floats)
+        cube.float_data()[k] = empty ? 0.f : density(rng);
+      else
+        cube.int16_data()[k] = int16_t(empty ? 0 : counts(rng));
     }
     paths.push_back(dir / ("cube" + std::to_string(i) + ".npy"));
     EXPECT_TRUE(WriteNpy(paths.back(), cube).ok());
@@ -128,16 +131,20 @@ std::vector<std::string> WriteCubes(const ModelSpec& spec, const TempDir& dir, i
 }
 
 // The server's answer for each cube: cosmoflow-server on `checkpoint`, cosmoflow-client --json.
-std::vector<std::vector<double>> ServerPredictions(const std::string& checkpoint, const ModelSpec& spec,
-                                                   const std::vector<std::string>& cubes, const TempDir& dir) {
-  pid_t server = Spawn({kBin + "/server/cosmoflow-server", "--checkpoint", checkpoint, "--address", "127.0.0.1:0",
-                        "--port-file", dir / "port", "--metrics-address", ""},
+std::vector<std::vector<double>> ServerPredictions(const std::string& checkpoint,
+                                                   const ModelSpec& spec,
+                                                   const std::vector<std::string>& cubes,
+                                                   const TempDir& dir) {
+  pid_t server = Spawn({kBin + "/server/cosmoflow-server", "--checkpoint", checkpoint, "--address",
+                        "127.0.0.1:0", "--port-file", dir / "port", "--metrics-address", ""},
                        dir / "server.log");
   const int port = ReadPortFile(dir / "port", std::chrono::seconds(60));
-  const std::string client = kBin + "/client/cosmoflow-client --address 127.0.0.1:" + std::to_string(port);
+  const std::string client =
+      kBin + "/client/cosmoflow-client --address 127.0.0.1:" + std::to_string(port);
   // The port opens before the model is loaded: wait for health SERVING (the CLI exits 0).
   std::string ignored;
-  for (int i = 0; port != 0 && i < 600 && RunCommand(client + " health", &ignored, "/dev/null") != 0; ++i) {
+  for (int i = 0;
+       port != 0 && i < 600 && RunCommand(client + " health", &ignored, "/dev/null") != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::vector<std::vector<double>> rows;
@@ -154,7 +161,8 @@ std::vector<std::vector<double>> ServerPredictions(const std::string& checkpoint
   }
   kill(server, SIGTERM);
   EXPECT_EQ(WaitExit(server, std::chrono::seconds(30)), 0) << ReadFileText(dir / "server.log");
-  EXPECT_EQ(rows.size(), cubes.size()) << "server on port " << port << ": " << ReadFileText(dir / "server.log");
+  EXPECT_EQ(rows.size(), cubes.size())
+      << "server on port " << port << ": " << ReadFileText(dir / "server.log");
   return rows;
 }
 
@@ -178,8 +186,8 @@ std::vector<std::vector<double>> ParseRows(const std::string& text, const ModelS
   return rows;
 }
 
-void ExpectClose(const std::vector<std::vector<double>>& got, const std::vector<std::vector<double>>& want,
-                 const std::string& what) {
+void ExpectClose(const std::vector<std::vector<double>>& got,
+                 const std::vector<std::vector<double>>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -187,11 +195,12 @@ void ExpectClose(const std::vector<std::vector<double>>& got, const std::vector<
     for (size_t j = 0; j < want[i].size(); ++j) {
       const double rel = std::abs(got[i][j] - want[i][j]) / std::abs(want[i][j]);
       worst = std::max(worst, rel);
-      EXPECT_LE(rel, kRelTol) << what << " cube " << i << " output " << j << ": " << got[i][j] << " vs server "
-                              << want[i][j];
+      EXPECT_LE(rel, kRelTol) << what << " cube " << i << " output " << j << ": " << got[i][j]
+                              << " vs server " << want[i][j];
     }
   }
-  std::printf("%s: worst relative difference to the server %.3g (tolerance %.0e)\n", what.c_str(), worst, kRelTol);
+  std::printf("%s: worst relative difference to the server %.3g (tolerance %.0e)\n", what.c_str(),
+              worst, kRelTol);
 }
 
 // The cubes must give different answers (by far more than the tolerance), else the comparison
@@ -215,28 +224,36 @@ void CheckExportMatchesServer(const Checkpoint& ckpt, bool float_cubes) {
   ExpectInputMatters(server);
 
   std::string out;
-  ASSERT_EQ(RunCommand(kBin + "/export/cosmoflow-export --checkpoint " + path + " --out " + (dir / "exported"), &out,
-                dir / "export.err"),
+  ASSERT_EQ(RunCommand(kBin + "/export/cosmoflow-export --checkpoint " + path + " --out " +
+                           (dir / "exported"),
+                       &out, dir / "export.err"),
             0)
       << ReadFileText(dir / "export.err");
   const std::string model = dir / "exported/model";
-  ASSERT_EQ(RunCommand("/usr/bin/python3 -c 'import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1]), "
-                "full_check=True)' " + model + ".onnx",
-                &out, dir / "checker.err"),
-            0)
+  ASSERT_EQ(
+      RunCommand(
+          "/usr/bin/python3 -c 'import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1]), "
+          "full_check=True)' " +
+              model + ".onnx",
+          &out, dir / "checker.err"),
+      0)
       << ReadFileText(dir / "checker.err");
 
   std::string torch_out;
-  ASSERT_EQ(RunCommand("/usr/bin/python3 " + model + ".py" + Joined(cubes), &torch_out, dir / "torch.err"), 0)
+  ASSERT_EQ(RunCommand("/usr/bin/python3 " + model + ".py" + Joined(cubes), &torch_out,
+                       dir / "torch.err"),
+            0)
       << ReadFileText(dir / "torch.err");
   ExpectClose(ParseRows(torch_out, ckpt.spec), server, ckpt.spec.name + " PyTorch");
 
   if (!std::filesystem::exists(OrtNodeDir() + "/node_modules/onnxruntime-node")) {
-    GTEST_SKIP() << "onnxruntime-node is not in " << OrtNodeDir() << " (deploy/install-deps.sh installs it)";
+    GTEST_SKIP() << "onnxruntime-node is not in " << OrtNodeDir()
+                 << " (deploy/install-deps.sh installs it)";
   }
   std::string ort_out;
-  ASSERT_EQ(RunCommand("node " + kSrc + "/tests/export/run_onnx.js " + OrtNodeDir() + " " + model + ".onnx" + Joined(cubes),
-                &ort_out, dir / "ort.err"),
+  ASSERT_EQ(RunCommand("node " + kSrc + "/tests/export/run_onnx.js " + OrtNodeDir() + " " + model +
+                           ".onnx" + Joined(cubes),
+                       &ort_out, dir / "ort.err"),
             0)
       << ReadFileText(dir / "ort.err");
   ExpectClose(ParseRows(ort_out, ckpt.spec), server, ckpt.spec.name + " ONNX Runtime");
@@ -270,15 +287,18 @@ TEST(ExportTest, NoTransformFloatCubesMatchesServer) {
 std::vector<std::string> Listing(const std::string& dir) {
   std::vector<std::string> names;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) names.push_back(e.path().filename());
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    names.push_back(e.path().filename());
   return names;
 }
 
-// Exit status 1, exactly one line on stderr naming the problem, and no file in the output directory.
+// Exit status 1, exactly one line on stderr naming the problem, and no file in the output
+// directory.
 void ExpectRefused(const std::string& checkpoint, const std::string& message, const TempDir& dir) {
   std::string out;
-  EXPECT_EQ(RunCommand(kBin + "/export/cosmoflow-export --checkpoint " + checkpoint + " --out " + (dir / "out"), &out,
-                dir / "err"),
+  EXPECT_EQ(RunCommand(kBin + "/export/cosmoflow-export --checkpoint " + checkpoint + " --out " +
+                           (dir / "out"),
+                       &out, dir / "err"),
             1);
   const std::string err = ReadFileText(dir / "err");
   EXPECT_EQ(err.rfind("cosmoflow-export: error: ", 0), 0u) << err;
@@ -295,7 +315,8 @@ TEST(ExportTest, CorruptCheckpointIsRefused) {
   // Flip one bit inside the last dense layer's bias (random values: their bytes occur once).
   const auto& bias = ckpt.weights.back().data;
   std::string bytes = ReadAll(path);
-  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(bias.data()), bias.size() * sizeof(float)));
+  const size_t at = bytes.find(
+      std::string(reinterpret_cast<const char*>(bias.data()), bias.size() * sizeof(float)));
   ASSERT_NE(at, std::string::npos);
   bytes[at + 1] ^= 0x40;
   WriteAll(path, bytes);
@@ -306,9 +327,9 @@ TEST(ExportTest, SpecFieldTheExporterDoesNotKnowIsRefused) {
   TempDir dir("export-unknown");
   ASSERT_TRUE(WriteCheckpoint(dir / "ckpt.h5", MakeCheckpoint(Spec(kNoTransformSpec), 4)).ok());
   std::string out;
-  ASSERT_EQ(RunCommand("/usr/bin/python3 " + kSrc + "/tests/export/add_spec_field.py " + kSrc + "/export " +
-                    (dir / "ckpt.h5") + " uncertainty '\"gaussian\"'",
-                &out, dir / "py.err"),
+  ASSERT_EQ(RunCommand("/usr/bin/python3 " + kSrc + "/tests/export/add_spec_field.py " + kSrc +
+                           "/export " + (dir / "ckpt.h5") + " uncertainty '\"gaussian\"'",
+                       &out, dir / "py.err"),
             0)
       << ReadFileText(dir / "py.err");
   ExpectRefused(dir / "ckpt.h5", "field 'uncertainty' is not supported", dir);

@@ -19,7 +19,8 @@ std::map<std::string, double> Values() {
   std::map<std::string, double> v;
   for (const auto& f : ProcessMetrics().Collect()) {
     EXPECT_EQ(f.metric.size(), 1u) << f.name;
-    v[f.name] = f.type == prometheus::MetricType::Counter ? f.metric[0].counter.value : f.metric[0].gauge.value;
+    v[f.name] = f.type == prometheus::MetricType::Counter ? f.metric[0].counter.value
+                                                          : f.metric[0].gauge.value;
   }
   return v;
 }
