@@ -123,8 +123,15 @@ def export(args):
     return ckpt, [final[ext] for ext in wanted]
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line on stderr and exit 2, like the project's other programs (argparse adds the usage)."""
+        print(f"{PROG}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog=PROG, description="Export a CosmoFlow checkpoint to PyTorch and ONNX.")
+    parser = _Parser(prog=PROG, description="Export a CosmoFlow checkpoint to PyTorch and ONNX.")
     parser.add_argument("--checkpoint", required=True, help="checkpoint file, or directory (its newest valid one)")
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--name", default="model", help="file stem: NAME.py, NAME.pt, NAME.onnx (default: model)")
