@@ -22,6 +22,7 @@ Histogram::BucketBoundaries LatencyBuckets() {
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
+      process_(std::make_shared<ProcessMetrics>()),
       requests_(
           BuildCounter()
               .Name("cosmoflow_requests_total")
@@ -92,6 +93,7 @@ Status Metrics::StartExposer(const std::string& address) {
     return UnavailableError("metrics: cannot listen on '" + address + "': " + e.what());
   }
   exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(process_);
   return Status::Ok();
 }
 
@@ -147,7 +149,9 @@ void Metrics::RecordReload(bool success) {
 
 std::string Metrics::Serialize() const {
   prometheus::TextSerializer serializer;
-  return serializer.Serialize(registry_->Collect());
+  auto families = registry_->Collect();
+  for (auto& f : process_->Collect()) families.push_back(std::move(f));
+  return serializer.Serialize(families);
 }
 
 }  // namespace cosmoflow

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "core/base/status.h"
+#include "server/process_metrics.h"
 
 namespace cosmoflow {
 
@@ -46,12 +47,13 @@ class Metrics {
                 double load_seconds, double loaded_at_unix_seconds);
   void RecordReload(bool success);
 
-  // The text exposition (what /metrics returns), for tests and logs.
+  // The text exposition (what /metrics returns, with the process_* families), for tests and logs.
   std::string Serialize() const;
   prometheus::Registry& registry() { return *registry_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<ProcessMetrics> process_;  // process_resident_memory_bytes, ... (not in the registry)
   std::unique_ptr<prometheus::Exposer> exposer_;
 
   prometheus::Family<prometheus::Counter>& requests_;

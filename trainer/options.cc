@@ -59,6 +59,7 @@ const FlagInfo kFlags[] = {
     {"resume",
      "auto (latest valid checkpoint in OUT/checkpoints) | never | a checkpoint file [auto]", false},
     {"log-every", "steps between progress lines on rank 0 [10]", false},
+    {"tensorboard", "write TensorBoard events (events.out.tfevents.*) in the run directory [true]", true},
     {"deterministic",
      "check that all ranks hold identical weights (every 100 steps by default) [false]", true},
     {"check-weights-every", "steps between weight checksums across ranks, 0 = default [0]", false},
@@ -221,6 +222,8 @@ std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, cons
   } else if (k == "log-every") {
     CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 1 << 30));
     o.log_every = static_cast<int>(x);
+  } else if (k == "tensorboard") {
+    CF_ASSIGN_OR_RETURN(o.tensorboard, ToBool(k, v));
   } else if (k == "deterministic") {
     CF_ASSIGN_OR_RETURN(o.deterministic, ToBool(k, v));
   } else if (k == "check-weights-every") {

@@ -43,6 +43,7 @@ struct TrainerOptions {
   int keep_checkpoints = 3;
   std::string resume = "auto";      // auto | never | a checkpoint file
   int log_every = 10;               // steps between progress lines
+  bool tensorboard = true;          // also write train_log.csv's rows as TensorBoard events in out_dir
   bool deterministic = false;       // also checks weights are identical on all ranks
   int64_t check_weights_every = 0;  // steps; 0 = every 100 steps in deterministic mode, else never
   double bucket_mb = 25;

@@ -4,14 +4,18 @@
 
 namespace cosmoflow {
 
-StatusOr<RunLog> RunLog::Open(const std::string& path,
-                              const std::vector<std::string>& output_names) {
+StatusOr<RunLog> RunLog::Open(const std::string& path, const std::vector<std::string>& output_names,
+                              const std::string& tensorboard_dir) {
   struct stat st;
   const bool fresh = ::stat(path.c_str(), &st) != 0 || st.st_size == 0;
   RunLog log;
   log.file_ = std::fopen(path.c_str(), "a");
   if (!log.file_) return NotFoundError(path + ": cannot open the run log for writing");
   log.outputs_ = output_names.size();
+  log.names_ = output_names;
+  if (!tensorboard_dir.empty()) {
+    CF_ASSIGN_OR_RETURN(log.events_, TensorBoardWriter::Create(tensorboard_dir));
+  }
   if (fresh) {
     std::string header = "kind,epoch,step,samples_seen,lr,loss,mae";
     for (const auto& n : output_names) header += ",rel_err_" + n;
@@ -44,6 +48,24 @@ void RunLog::Write(const LogRow& r) {
   opt(r.comm_frac);
   std::fprintf(file_, ",%.3f\n", r.elapsed_s);
   std::fflush(file_);
+  if (events_) WriteEvents(r);
+}
+
+void RunLog::WriteEvents(const LogRow& r) {
+  std::vector<std::pair<std::string, double>> scalars;
+  const std::string k = r.kind + "/";
+  scalars.emplace_back(k + "loss", r.loss);
+  if (r.kind == "train") {
+    scalars.emplace_back(k + "learning_rate", r.lr);
+    scalars.emplace_back(k + "samples_per_s", r.samples_per_s);
+    scalars.emplace_back(k + "data_wait_frac", r.data_wait_frac);
+    scalars.emplace_back(k + "comm_frac", r.comm_frac);
+  } else {
+    scalars.emplace_back(k + "mae", r.mae);
+    for (size_t i = 0; i < names_.size() && i < r.rel_err.size(); ++i)
+      scalars.emplace_back(k + "rel_err_" + names_[i], r.rel_err[i]);
+  }
+  events_->WriteScalars(r.step, scalars);
 }
 
 }  // namespace cosmoflow

@@ -333,7 +333,8 @@ Status Trainer::OpenRunDirectory() {
     if (local.ok()) {
       std::vector<std::string> names;
       for (const auto& o : spec_.outputs) names.push_back(o.name);
-      auto log = RunLog::Open((fs::path(opt_.out_dir) / "train_log.csv").string(), names);
+      auto log = RunLog::Open((fs::path(opt_.out_dir) / "train_log.csv").string(), names,
+                              opt_.tensorboard ? opt_.out_dir : "");
       if (log.ok())
         log_ = std::make_unique<RunLog>(std::move(log).value());
       else
