@@ -285,6 +285,19 @@ void FftConv3d::Gather(const float* x, const ActivationLayout& layout, int chann
   }
 }
 
+// The spectra of the input tiles [first, first + count) into b.x (the rest of the block zero).
+void FftConv3d::InputSpectra(const float* src, int64_t first, int count, ThreadBuffers& b) const {
+  const int C = s_.in_channels;
+  for (int i = 0; i < tiles_per_block_; ++i) {
+    if (i < count) {
+      Gather(src, src_, C, s_.in_side, first + i, true, b.real.p + int64_t{i} * C * tv_);
+    } else {
+      std::memset(b.real.p + int64_t{i} * C * tv_, 0, static_cast<size_t>(C) * tv_ * 4);
+    }
+  }
+  fftwf_execute_split_dft_r2c(plans_->in_r2c, b.real.p, b.x_re.p, b.x_im.p);
+}
+
 void FftConv3d::Forward(const float* src, float* dst, const float* bias, float alpha) const {
   const int C = s_.in_channels, F = s_.filters, O = s_.out_side, tb = tiles_per_block_;
   const int64_t tiles = int64_t{s_.batch} * TilesPerSample();
@@ -295,14 +308,7 @@ void FftConv3d::Forward(const float* src, float* dst, const float* bias, float a
     ThreadBuffers& b = buffers_[omp_get_thread_num()];
     const int64_t first = blk * tb;
     const int count = static_cast<int>(std::min<int64_t>(tb, tiles - first));
-    for (int i = 0; i < tb; ++i) {
-      if (i < count) {
-        Gather(src, src_, C, s_.in_side, first + i, true, b.real.p + int64_t{i} * C * tv_);
-      } else {
-        std::memset(b.real.p + int64_t{i} * C * tv_, 0, static_cast<size_t>(C) * tv_ * 4);
-      }
-    }
-    fftwf_execute_split_dft_r2c(plans_->in_r2c, b.real.p, b.x_re.p, b.x_im.p);
+    InputSpectra(src, first, count, b);
     // y[t][f] = sum_c x[t][c] conj(w[f][c])
     ConjProductAll({b.x_re.p, b.x_im.p, C * tfp_, tfp_}, tb, {plans_->w_re.p, plans_->w_im.p, C * tfp_, tfp_}, F, C, tfp_, b.y_re.p,
                    b.y_im.p, false);
@@ -364,14 +370,7 @@ void FftConv3d::BackwardWeights(const float* src, const float* diff_dst, float* 
       }
     }
     fftwf_execute_split_dft_r2c(plans_->out_r2c, b.real.p, b.y_re.p, b.y_im.p);
-    for (int i = 0; i < tb; ++i) {
-      if (i < count) {
-        Gather(src, src_, C, s_.in_side, first + i, true, b.real.p + int64_t{i} * C * tv_);
-      } else {
-        std::memset(b.real.p + int64_t{i} * C * tv_, 0, static_cast<size_t>(C) * tv_ * 4);
-      }
-    }
-    fftwf_execute_split_dft_r2c(plans_->in_r2c, b.real.p, b.x_re.p, b.x_im.p);
+    InputSpectra(src, first, count, b);
     // g[c][f] += sum_t x[t][c] conj(dy[t][f]): the correlation of input and output gradient.
     ConjProductAll({b.x_re.p, b.x_im.p, tfp_, C * tfp_}, C, {b.y_re.p, b.y_im.p, tfp_, F * tfp_}, F, tb, tfp_, b.g_re.p,
                    b.g_im.p, true);

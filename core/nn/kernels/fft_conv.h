@@ -85,6 +85,7 @@ class FftConv3d {
   struct ThreadBuffers;
   void Gather(const float* x, const ActivationLayout& layout, int channels, int side, int64_t tile, bool input,
               float* real) const;
+  void InputSpectra(const float* src, int64_t first, int count, ThreadBuffers& b) const;
   int64_t TilesPerSample() const { return int64_t{nt_} * nt_ * nt_; }
 
   FftConvShape s_;
