@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -45,6 +46,19 @@ ComplexBuffer AllocComplex(size_t n) { return ComplexBuffer(fftwf_alloc_complex(
 
 // Signed frequency index of position i on an n-point axis.
 inline int Freq(int i, int n) { return i <= n / 2 ? i : i - n; }
+
+// Adds the wall time of its scope to *acc (the per-stage profile).
+class StageTimer {
+ public:
+  explicit StageTimer(double* acc) : acc_(acc), start_(std::chrono::steady_clock::now()) {}
+  ~StageTimer() {
+    *acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  double* acc_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 std::string Num(double v) {
   std::ostringstream s;
@@ -133,6 +147,8 @@ struct UniverseGenerator::Impl {
   FloatBuffer psi1[3], psi2[3];  // displacements in Mpc/h
   Plan r2c, c2r;
   std::vector<double> amplitude;  // sqrt(P(k)/dV)/n^3 indexed by integer |k/k_f|^2
+  double stage_seconds[UniverseGenerator::kNumStages] = {};
+  double* Stage(UniverseGenerator::Stage s) { return &stage_seconds[s]; }
 
   // Visits every stored mode (i, j, k) of the r2c half-space with signed frequencies and its
   // flat index, in parallel.
@@ -171,6 +187,7 @@ struct UniverseGenerator::Impl {
   }
 
   void Colour(const Cosmology& cosmology, double box, uint64_t seed, uint64_t index) {
+    StageTimer timer(Stage(UniverseGenerator::kNoise));
     const uint64_t key = StreamKey(seed, index, RandomStream::kWhiteNoise);
     float* w = real.get();
     // Grid points 2q and 2q+1 take the two deviates of counter q (n^3 is even).
@@ -221,6 +238,7 @@ struct UniverseGenerator::Impl {
 
   // Psi1 (and Psi2) from field_k; field_k is consumed by 2LPT.
   void Displacements(double box, bool second_order) {
+    StageTimer timer(Stage(UniverseGenerator::kLpt));
     const double kf = 2 * M_PI / box;
     const int half = n / 2;
     const fftwf_complex* src = field_k.get();
@@ -350,6 +368,7 @@ struct UniverseGenerator::Impl {
   // int16 range.
   template <typename Pos>
   bool DepositWith(const UniverseOptions& o, double box, Pos pos, int16_t* dst) {
+    StageTimer timer(Stage(UniverseGenerator::kCounts));
     const int side = o.side;
     const int64_t voxels = int64_t{side} * side * side;
     const float* g = Assign(side, box, o.assignment == MassAssignment::kCic, pos);
@@ -403,16 +422,20 @@ struct UniverseGenerator::Impl {
   // Gravitational acceleration -grad phi on the particle grid's mesh, into psi2[0..2], with
   // laplacian phi = 1.5 Omega_M delta / a (H0 = 1 units), delta from CIC of the particles.
   void Forces(double box, double omega_m, double a) {
-    const float* rho = Assign(n, box, true, [&](int64_t p, double* x, double* y, double* w) {
-      *x = pos[0][p];
-      *y = pos[1][p];
-      *w = pos[2][p];
-    });
-    // Mean density is one particle per mesh cell (mesh = particle grid): delta = rho - 1.
     float* d = real.get();
-    const int64_t total = static_cast<int64_t>(real_size);
+    {
+      StageTimer timer(Stage(UniverseGenerator::kMeshDensity));
+      const float* rho = Assign(n, box, true, [&](int64_t p, double* x, double* y, double* w) {
+        *x = pos[0][p];
+        *y = pos[1][p];
+        *w = pos[2][p];
+      });
+      // Mean density is one particle per mesh cell (mesh = particle grid): delta = rho - 1.
+      const int64_t total = static_cast<int64_t>(real_size);
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t v = 0; v < total; ++v) d[v] = rho[v] - 1.0f;
+      for (int64_t v = 0; v < total; ++v) d[v] = rho[v] - 1.0f;
+    }
+    StageTimer timer(Stage(UniverseGenerator::kMeshFft));
     fftwf_execute_dft_r2c(r2c.get(), d, field_k.get());
     const double kf = 2 * M_PI / box;
     const int half = n / 2;
@@ -431,6 +454,7 @@ struct UniverseGenerator::Impl {
   // mom += factor * F(pos), F interpolated from the mesh with the CIC kernel used for density
   // (the same kernel both ways avoids self-forces).
   void Kick(double box, double factor) {
+    StageTimer timer(Stage(UniverseGenerator::kKick));
     const int g = n;
     const double inv_cell = g / box;
     const float *fx = psi2[0].get(), *fy = psi2[1].get(), *fz = psi2[2].get();
@@ -470,6 +494,7 @@ struct UniverseGenerator::Impl {
 
   // pos += factor * mom, wrapped into [0, box).
   void Drift(double box, double factor) {
+    StageTimer timer(Stage(UniverseGenerator::kDrift));
     const int64_t particles = static_cast<int64_t>(real_size);
     for (int c = 0; c < 3; ++c) {
       float* x = pos[c].data();
@@ -598,6 +623,15 @@ double UniverseGenerator::SmoothingRadius(const Cosmology& cosmology, double z) 
   if (options_.smoothing >= 0) return options_.smoothing;
   return options_.NlFactor() / cosmology.NonLinearWavenumber(z);
 }
+
+const char* UniverseGenerator::StageName(Stage s) {
+  static const char* const kNames[kNumStages] = {
+      "white noise + colour", "LPT displacements", "mesh density (CIC)", "mesh FFTs",
+      "mesh gradient",        "kick",              "drift",              "counts (output)"};
+  return s >= 0 && s < kNumStages ? kNames[s] : "?";
+}
+
+double UniverseGenerator::StageSeconds(Stage s) const { return impl_->stage_seconds[s]; }
 
 StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t seed,
                                            uint64_t index) {

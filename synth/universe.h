@@ -126,6 +126,12 @@ class UniverseGenerator {
   // would exceed 32767 particles rather than wrapping.
   StatusOr<Cube> Generate(const Cosmology& cosmology, uint64_t seed, uint64_t index);
 
+  // Wall-clock seconds spent in each stage of every Generate() so far (bench_synth's profile).
+  enum Stage { kNoise, kLpt, kMeshDensity, kMeshFft, kMeshGradient, kKick, kDrift, kCounts,
+               kNumStages };
+  static const char* StageName(Stage s);
+  double StageSeconds(Stage s) const;
+
  private:
   UniverseGenerator() = default;
   Status ParticleMesh(const Cosmology& cosmology, uint64_t index, double box, Cube* cube);
