@@ -23,7 +23,7 @@ constexpr char kUsage[] =
 // The flags as given, before they are checked and turned into SynthOptions.
 struct RawFlags {
   std::string out, redshifts = "0,0.5,1.5,3", ranges, omega_m, sigma_8, n_s, h0, transfer = "eh98",
-                   displacement = "pm", assignment = "ngp", smoothing = "auto", prefix = "synth",
+                   displacement = "pm", assignment = "ngp", pm_gradient = "fd4", smoothing = "auto", prefix = "synth",
                    preset;
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
           threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1;
@@ -64,6 +64,9 @@ void AddFlags(FlagParser& flags, RawFlags& f) {
   flags.AddInt("pm-steps", &f.pm_steps, "particle-mesh time steps (default 10)");
   flags.AddDouble("pm-initial-redshift", &f.pm_z_init,
                   "particle-mesh start, 2LPT before it (default 9)");
+  flags.AddString("pm-gradient", &f.pm_gradient,
+                  "particle-mesh force: fd4 (default, 4-point difference of the potential) or ik "
+                  "(spectral, 2 more FFTs per step)");
   flags.AddString("assignment", &f.assignment, "ngp (default) or cic");
   flags.AddString("smoothing", &f.smoothing,
                   "truncation: auto (default, R = factor/k_nl(z)), 0 (none) or R in Mpc/h");
@@ -135,6 +138,9 @@ Status SetUniverse(const RawFlags& f, UniverseOptions& uo) {
   auto displacement = ParseDisplacement(f.displacement);
   if (!displacement.ok()) return displacement.status().WithContext("--displacement");
   uo.displacement = *displacement;
+  auto gradient = ParsePmGradient(f.pm_gradient);
+  if (!gradient.ok()) return gradient.status().WithContext("--pm-gradient");
+  uo.pm_gradient = *gradient;
   auto assignment = ParseMassAssignment(f.assignment);
   if (!assignment.ok()) return assignment.status().WithContext("--assignment");
   uo.assignment = *assignment;
@@ -234,6 +240,7 @@ Status ApplyPreset(const FlagParser& flags, RawFlags& f) {
   set("displacement", &f.displacement, std::string("pm"));
   set("pm-steps", &f.pm_steps, int64_t{10});
   set("pm-initial-redshift", &f.pm_z_init, 9.0);
+  set("pm-gradient", &f.pm_gradient, std::string("fd4"));
   set("assignment", &f.assignment, std::string("ngp"));
   set("transfer", &f.transfer, std::string("eh98"));
   if (!flags.Seen("ranges")) {

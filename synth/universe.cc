@@ -2,11 +2,14 @@
 
 #include <fftw3.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
+#include <ctime>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <mutex>
 #include <sstream>
 
@@ -27,11 +30,44 @@ void InitFftwThreadsOnce() {
   std::call_once(once, [] { fftwf_init_threads(); });
 }
 
-struct FftwFree {
-  void operator()(void* p) const { fftwf_free(p); }
+// Large work arrays (8-25 MB each at 128^3) on 2 MiB pages where the kernel allows it
+// (transparent huge pages in madvise mode): the mesh kernels touch several planes of such arrays
+// per particle, and with 4 KiB pages most of those touches miss the TLB.
+void* AllocLarge(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < 2 * kHuge) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, rounded);
+  if (p) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: ignored where THP is off
+  return p;
+}
+
+struct FreeLarge {
+  void operator()(void* p) const { std::free(p); }
 };
-using FloatBuffer = std::unique_ptr<float, FftwFree>;
-using ComplexBuffer = std::unique_ptr<fftwf_complex, FftwFree>;
+using FloatBuffer = std::unique_ptr<float, FreeLarge>;
+using ComplexBuffer = std::unique_ptr<fftwf_complex, FreeLarge>;
+
+// std::vector storage from AllocLarge.
+template <typename T>
+struct LargeAllocator {
+  using value_type = T;
+  LargeAllocator() = default;
+  template <typename U>
+  LargeAllocator(const LargeAllocator<U>&) {}
+  T* allocate(size_t n) {
+    void* p = AllocLarge(n * sizeof(T));
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const LargeAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const LargeAllocator<U>&) const { return false; }
+};
+template <typename T>
+using LargeVector = std::vector<T, LargeAllocator<T>>;
 
 struct PlanDeleter {
   void operator()(fftwf_plan_s* p) const {
@@ -41,24 +77,54 @@ struct PlanDeleter {
 };
 using Plan = std::unique_ptr<fftwf_plan_s, PlanDeleter>;
 
-FloatBuffer AllocFloat(size_t n) { return FloatBuffer(fftwf_alloc_real(n)); }
-ComplexBuffer AllocComplex(size_t n) { return ComplexBuffer(fftwf_alloc_complex(n)); }
+FloatBuffer AllocFloat(size_t n) { return FloatBuffer(static_cast<float*>(AllocLarge(n * 4))); }
+ComplexBuffer AllocComplex(size_t n) {
+  return ComplexBuffer(static_cast<fftwf_complex*>(AllocLarge(n * sizeof(fftwf_complex))));
+}
 
 // Signed frequency index of position i on an n-point axis.
 inline int Freq(int i, int n) { return i <= n / 2 ? i : i - n; }
 
-// Adds the wall time of its scope to *acc (the per-stage profile).
+// Adds the CPU time of the calling thread over its scope to *acc (the per-stage profile): other
+// load on shared cores stretches wall time but hardly this; with one thread per cube (the
+// default) it is the whole cost of the stage.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
 class StageTimer {
  public:
-  explicit StageTimer(double* acc) : acc_(acc), start_(std::chrono::steady_clock::now()) {}
-  ~StageTimer() {
-    *acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  explicit StageTimer(double* acc) : acc_(acc), start_(ThreadCpuSeconds()) {}
+  ~StageTimer() { *acc_ += ThreadCpuSeconds() - start_; }
 
  private:
   double* acc_;
-  std::chrono::steady_clock::time_point start_;
+  double start_;
 };
+
+// x (cell units, any value) wrapped into [0, g) as a float that is strictly below g.
+inline float WrapCell(double x, int g) {
+  x -= g * std::floor(x / g);
+  const float f = static_cast<float>(x);
+  return f < static_cast<float>(g) ? f : 0.0f;
+}
+
+// The CIC kernel along one axis for a coordinate x in [0, g) (cell units, centres at i + 0.5):
+// cells i0 and i1 = i0 + 1 (periodic) with weights 1 - t and t.
+struct CicAxis {
+  int i0, i1;
+  float t;
+};
+inline CicAxis CicAxisOf(float x, int g) {
+  const float xs = x - 0.5f;
+  const float f = std::floor(xs);
+  int i0 = static_cast<int>(f);
+  CicAxis c{i0, i0 + 1, xs - f};
+  if (c.i0 < 0) c.i0 += g;
+  if (c.i1 >= g) c.i1 -= g;
+  return c;
+}
 
 std::string Num(double v) {
   std::ostringstream s;
@@ -87,6 +153,14 @@ StatusOr<Displacement> ParseDisplacement(const std::string& name) {
   if (name == "2lpt") return Displacement::k2Lpt;
   if (name == "pm") return Displacement::kPm;
   return InvalidArgumentError("displacement '" + name + "' is not one of za, 2lpt, pm");
+}
+
+const char* PmGradientName(PmGradient g) { return g == PmGradient::kSpectral ? "ik" : "fd4"; }
+
+StatusOr<PmGradient> ParsePmGradient(const std::string& name) {
+  if (name == "fd4") return PmGradient::kFiniteDifference;
+  if (name == "ik") return PmGradient::kSpectral;
+  return InvalidArgumentError("pm gradient '" + name + "' is not one of fd4, ik");
 }
 
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name) {
@@ -296,72 +370,82 @@ struct UniverseGenerator::Impl {
   // do not depend on the order of addition, so the result is the same for any thread count
   // (float partial sums would differ in the last bit, and the particle mesh amplifies that).
   static constexpr int64_t kMassOne = int64_t{1} << 24;
-  std::vector<int64_t> mass_grids;  // one per thread
-  std::vector<float> mass;          // the summed grid, in particles
+  static constexpr float kMassOneF = static_cast<float>(kMassOne);
+  LargeVector<int64_t> mass_grids;  // one per thread
+  LargeVector<float> mass;          // the summed grid, in particles
 
-  // Adds one particle at (x, y, w) in cell units to `grid` (g^3 cells): NGP, or CIC (the particle
-  // as a cell-sized cube; cell centres at integer + 0.5).
-  static inline void AssignOne(int64_t* grid, int g, bool cic, double x, double y, double w) {
-    auto wrap = [g](int64_t v) {
-      v %= g;
-      return v < 0 ? v + g : v;
-    };
+  // Adds one particle at (x, y, w), in cell units and already wrapped into [0, g), to `grid`
+  // (g^3 cells): NGP, or CIC (the particle as a cell-sized cube; cell centres at integer + 0.5).
+  // Neighbour indices wrap with a compare, not a modulo: this runs 2^21 times per mesh.
+  static inline void AssignOne(int64_t* grid, int g, bool cic, float x, float y, float w) {
     if (!cic) {
-      const int64_t a = wrap(static_cast<int64_t>(std::floor(x)));
-      const int64_t b = wrap(static_cast<int64_t>(std::floor(y)));
-      const int64_t e = wrap(static_cast<int64_t>(std::floor(w)));
+      const int64_t a = std::min(static_cast<int>(x), g - 1);
+      const int64_t b = std::min(static_cast<int>(y), g - 1);
+      const int64_t e = std::min(static_cast<int>(w), g - 1);
       grid[(a * g + b) * g + e] += kMassOne;
       return;
     }
-    const double xs = x - 0.5, ys = y - 0.5, ws = w - 0.5;
-    const double fx = std::floor(xs), fy = std::floor(ys), fw = std::floor(ws);
-    const double tx = xs - fx, ty = ys - fy, tw = ws - fw;
-    const int64_t a0 = static_cast<int64_t>(fx), b0 = static_cast<int64_t>(fy),
-                  e0 = static_cast<int64_t>(fw);
+    const CicAxis cx = CicAxisOf(x, g), cy = CicAxisOf(y, g), cw = CicAxisOf(w, g);
+    const int64_t rows[2] = {int64_t{cx.i0} * g, int64_t{cx.i1} * g};
+    const int cols[2] = {cy.i0, cy.i1}, deps[2] = {cw.i0, cw.i1};
+    const float wx[2] = {1 - cx.t, cx.t}, wy[2] = {1 - cy.t, cy.t}, ww[2] = {1 - cw.t, cw.t};
     for (int da = 0; da < 2; ++da) {
-      const int64_t a = wrap(a0 + da);
-      const double wa = da ? tx : 1 - tx;
       for (int db = 0; db < 2; ++db) {
-        const int64_t b = wrap(b0 + db);
-        const double wb = db ? ty : 1 - ty;
-        for (int de = 0; de < 2; ++de) {
-          const int64_t e = wrap(e0 + de);
-          const double we = de ? tw : 1 - tw;
-          grid[(a * g + b) * g + e] += static_cast<int64_t>(wa * wb * we * kMassOne + 0.5);
-        }
+        int64_t* line = grid + (rows[da] + cols[db]) * g;
+        const float wab = wx[da] * wy[db] * kMassOneF;
+        line[deps[0]] += static_cast<int64_t>(wab * ww[0] + 0.5f);
+        line[deps[1]] += static_cast<int64_t>(wab * ww[1] + 0.5f);
       }
     }
   }
 
-  // Sums the mass of every particle into g^3 cells; returns the grid in units of particles.
-  // pos(p, &x, &y, &w) gives particle p's position in Mpc/h.
-  template <typename Pos>
-  const float* Assign(int g, double box, bool cic, Pos pos) {
+  // Sums the mass of every particle into the per-thread grids of g^3 cells. cell(p, &x, &y, &w)
+  // gives particle p's position in cell units, in [0, g] (g itself wraps to 0 in the kernel).
+  template <typename Cell>
+  void AccumulateMass(int g, bool cic, Cell cell) {
     const int64_t cells = int64_t{g} * g * g;
     mass_grids.assign(size_t(threads) * cells, 0);
-    mass.resize(cells);
-    const double inv_cell = g / box;
     const int64_t particles = static_cast<int64_t>(real_size);
 #pragma omp parallel num_threads(threads)
     {
       int64_t* grid = mass_grids.data() + size_t(omp_get_thread_num()) * cells;
 #pragma omp for schedule(static)
       for (int64_t p = 0; p < particles; ++p) {
-        double x, y, w;
-        pos(p, &x, &y, &w);
-        AssignOne(grid, g, cic, x * inv_cell, y * inv_cell, w * inv_cell);
+        float x, y, w;
+        cell(p, &x, &y, &w);
+        AssignOne(grid, g, cic, x, y, w);
       }
     }
+  }
+
+  // dst[v] = mass in cell v (particles) + offset, summed over the threads' grids.
+  void SumMass(int g, float offset, float* dst) {
+    const int64_t cells = int64_t{g} * g * g;
     const int nt = threads;
     const int64_t* all = mass_grids.data();
-    float* out = mass.data();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t v = 0; v < cells; ++v) {
       int64_t sum = 0;
       for (int t = 0; t < nt; ++t) sum += all[size_t(t) * cells + v];
-      out[v] = static_cast<float>(static_cast<double>(sum) / kMassOne);
+      dst[v] = static_cast<float>(static_cast<double>(sum) / kMassOne) + offset;
     }
-    return out;
+  }
+
+  // The grid of g^3 cells in units of particles. pos(p, &x, &y, &w) gives particle p's position
+  // in Mpc/h (any value: it is wrapped here).
+  template <typename Pos>
+  const float* Assign(int g, double box, bool cic, Pos pos) {
+    const double inv_cell = g / box;
+    AccumulateMass(g, cic, [&](int64_t p, float* x, float* y, float* w) {
+      double px, py, pw;
+      pos(p, &px, &py, &pw);
+      *x = WrapCell(px * inv_cell, g);
+      *y = WrapCell(py * inv_cell, g);
+      *w = WrapCell(pw * inv_cell, g);
+    });
+    mass.resize(int64_t{g} * g * g);
+    SumMass(g, 0.0f, mass.data());
+    return mass.data();
   }
 
   // Counts the particles at pos() into dst[side^3] as int16. Returns false if a voxel exceeds the
@@ -417,94 +501,139 @@ struct UniverseGenerator::Impl {
   }
 
   // ---- particle-mesh N-body (displacement kPm) ----
-  std::vector<float> pos[3], mom[3];  // comoving position (Mpc/h, in [0, L)) and momentum a^2 dx/dt
+  LargeVector<float> pos[3], mom[3];  // comoving position (Mpc/h, in [0, L)) and momentum a^2 dx/dt
 
-  // Gravitational acceleration -grad phi on the particle grid's mesh, into psi2[0..2], with
-  // laplacian phi = 1.5 Omega_M delta / a (H0 = 1 units), delta from CIC of the particles.
-  void Forces(double box, double omega_m, double a) {
+  // Gravitational acceleration -grad phi on the particle grid's mesh, into `force` (x, y, z
+  // interleaved per cell, so that a CIC gather touches 8 short runs), with laplacian phi =
+  // 1.5 Omega_M delta / a (H0 = 1 units), delta from CIC of the particles. The gradient is a
+  // 4-point finite difference of phi (one inverse FFT; pyCOLA's force is a 4-point difference of
+  // the potential too) or the exact i k (three inverse FFTs).
+  LargeVector<float> force;
+  void Forces(double box, double omega_m, double a, PmGradient gradient) {
     float* d = real.get();
     {
       StageTimer timer(Stage(UniverseGenerator::kMeshDensity));
-      const float* rho = Assign(n, box, true, [&](int64_t p, double* x, double* y, double* w) {
-        *x = pos[0][p];
-        *y = pos[1][p];
-        *w = pos[2][p];
+      // Positions are in [0, box) already: no wrapping needed.
+      const float inv_cell = static_cast<float>(n / box);
+      const float *px = pos[0].data(), *py = pos[1].data(), *pz = pos[2].data();
+      AccumulateMass(n, true, [&](int64_t p, float* x, float* y, float* w) {
+        *x = px[p] * inv_cell;
+        *y = py[p] * inv_cell;
+        *w = pz[p] * inv_cell;
       });
       // Mean density is one particle per mesh cell (mesh = particle grid): delta = rho - 1.
-      const int64_t total = static_cast<int64_t>(real_size);
-#pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t v = 0; v < total; ++v) d[v] = rho[v] - 1.0f;
+      SumMass(n, -1.0f, d);
     }
+    force.resize(3 * real_size);
     StageTimer timer(Stage(UniverseGenerator::kMeshFft));
     fftwf_execute_dft_r2c(r2c.get(), d, field_k.get());
     const double kf = 2 * M_PI / box;
-    const int half = n / 2;
     const double scale = 1.5 * omega_m / a / static_cast<double>(real_size);
+    if (gradient == PmGradient::kFiniteDifference) {
+      // phi = -(1.5 Omega_M / a) delta / k^2.
+      Derived(field_k.get(), d, false, [&](int fi, int fj, int fk) {
+        const int m = fi * fi + fj * fj + fk * fk;
+        return m == 0 ? 0.0 : -scale / (kf * kf * m);
+      });
+      StageTimer gradient_timer(Stage(UniverseGenerator::kMeshGradient));
+      FiniteDifferenceForce(d, box / n);
+      return;
+    }
+    const int half = n / 2;
     for (int c = 0; c < 3; ++c) {
       // F = -grad phi = i k (1.5 Omega_M / a) delta / k^2.
-      Derived(field_k.get(), psi2[c].get(), true, [&](int fi, int fj, int fk) {
+      Derived(field_k.get(), d, true, [&](int fi, int fj, int fk) {
         const int kc = c == 0 ? fi : c == 1 ? fj : fk;
         const int m = fi * fi + fj * fj + fk * fk;
         if (m == 0 || std::abs(kc) == half) return 0.0;
         return kc / (kf * m) * scale;
       });
+      float* f = force.data();
+      const int64_t total = static_cast<int64_t>(real_size);
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t v = 0; v < total; ++v) f[3 * v + c] = d[v];
     }
   }
 
-  // mom += factor * F(pos), F interpolated from the mesh with the CIC kernel used for density
-  // (the same kernel both ways avoids self-forces).
-  void Kick(double box, double factor) {
-    StageTimer timer(Stage(UniverseGenerator::kKick));
+  // force = -grad phi by the 4-point central difference (8 (f[+1] - f[-1]) - (f[+2] - f[-2])) /
+  // (12 h) along each axis, periodic; h is the cell size in Mpc/h.
+  void FiniteDifferenceForce(const float* phi, double h) {
     const int g = n;
-    const double inv_cell = g / box;
-    const float *fx = psi2[0].get(), *fy = psi2[1].get(), *fz = psi2[2].get();
+    std::vector<int> p1(g), p2(g), m1(g), m2(g);
+    for (int i = 0; i < g; ++i) {
+      p1[i] = (i + 1) % g;
+      p2[i] = (i + 2) % g;
+      m1[i] = (i + g - 1) % g;
+      m2[i] = (i + g - 2) % g;
+    }
+    const float c1 = static_cast<float>(8.0 / (12.0 * h)), c2 = static_cast<float>(1.0 / (12.0 * h));
+    float* out = force.data();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int i = 0; i < g; ++i) {
+      for (int j = 0; j < g; ++j) {
+        auto line = [&](int a, int b) { return phi + (size_t(a) * g + b) * g; };
+        const float *row = line(i, j), *xp1 = line(p1[i], j), *xp2 = line(p2[i], j),
+                    *xm1 = line(m1[i], j), *xm2 = line(m2[i], j), *yp1 = line(i, p1[j]),
+                    *yp2 = line(i, p2[j]), *ym1 = line(i, m1[j]), *ym2 = line(i, m2[j]);
+        float* f = out + 3 * (size_t(i) * g + j) * g;
+        for (int k = 0; k < g; ++k) {
+          f[3 * k + 0] = c2 * (xp2[k] - xm2[k]) - c1 * (xp1[k] - xm1[k]);
+          f[3 * k + 1] = c2 * (yp2[k] - ym2[k]) - c1 * (yp1[k] - ym1[k]);
+          f[3 * k + 2] = c2 * (row[p2[k]] - row[m2[k]]) - c1 * (row[p1[k]] - row[m1[k]]);
+        }
+      }
+    }
+  }
+
+  // One kick-drift pass: mom += kick * F(pos), F interpolated from the mesh with the CIC kernel
+  // used for density (the same kernel both ways avoids self-forces); then pos += drift * mom,
+  // wrapped into [0, box). Fused because both are per particle: one pass over the arrays.
+  void KickDrift(double box, double kick, double drift) {
+    StageTimer timer(Stage(UniverseGenerator::kKickDrift));
+    const int g = n;
+    const float inv_cell = static_cast<float>(g / box), fk = static_cast<float>(kick);
+    const float fd = static_cast<float>(drift), fbox = static_cast<float>(box);
+    const float* __restrict f = force.data();
     const int64_t particles = static_cast<int64_t>(real_size);
-    auto wrap = [g](int64_t v) {
-      v %= g;
-      return v < 0 ? v + g : v;
+    float *__restrict mx = mom[0].data(), *__restrict my = mom[1].data(),
+          *__restrict mz = mom[2].data();
+    float *__restrict px = pos[0].data(), *__restrict py = pos[1].data(),
+          *__restrict pz = pos[2].data();
+    // Selects, not branches, so that the loop vectorises. A step moves a particle by far less
+    // than a box (a few Mpc/h), so one add or subtract wraps it; the last select only keeps a
+    // rounding case (x + box == box in float) inside [0, box).
+    auto wrap = [fbox](float x) {
+      x = x < 0 ? x + fbox : x;
+      x = x >= fbox ? x - fbox : x;
+      return x >= 0 && x < fbox ? x : 0.0f;
     };
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t p = 0; p < particles; ++p) {
-      const double xs = pos[0][p] * inv_cell - 0.5, ys = pos[1][p] * inv_cell - 0.5,
-                   ws = pos[2][p] * inv_cell - 0.5;
-      const double bx = std::floor(xs), by = std::floor(ys), bw = std::floor(ws);
-      const double tx = xs - bx, ty = ys - by, tw = ws - bw;
-      double ax = 0, ay = 0, aw = 0;
+      const CicAxis cx = CicAxisOf(px[p] * inv_cell, g), cy = CicAxisOf(py[p] * inv_cell, g),
+                    cw = CicAxisOf(pz[p] * inv_cell, g);
+      const int64_t rows[2] = {int64_t{cx.i0} * g, int64_t{cx.i1} * g};
+      const int cols[2] = {cy.i0, cy.i1}, deps[2] = {3 * cw.i0, 3 * cw.i1};
+      const float wx[2] = {1 - cx.t, cx.t}, wy[2] = {1 - cy.t, cy.t}, ww[2] = {1 - cw.t, cw.t};
+      float ax = 0, ay = 0, aw = 0;
       for (int da = 0; da < 2; ++da) {
-        const int64_t a = wrap(static_cast<int64_t>(bx) + da);
-        const double wa = da ? tx : 1 - tx;
         for (int db = 0; db < 2; ++db) {
-          const int64_t b = wrap(static_cast<int64_t>(by) + db);
-          const double wb = db ? ty : 1 - ty;
+          const float* line = f + 3 * (rows[da] + cols[db]) * g;
+          const float wab = wx[da] * wy[db];
           for (int de = 0; de < 2; ++de) {
-            const int64_t e = wrap(static_cast<int64_t>(bw) + de);
-            const double wgt = wa * wb * (de ? tw : 1 - tw);
-            const size_t idx = (a * g + b) * g + e;
-            ax += wgt * fx[idx];
-            ay += wgt * fy[idx];
-            aw += wgt * fz[idx];
+            const float* c = line + deps[de];
+            const float wgt = wab * ww[de];
+            ax += wgt * c[0];
+            ay += wgt * c[1];
+            aw += wgt * c[2];
           }
         }
       }
-      mom[0][p] += static_cast<float>(factor * ax);
-      mom[1][p] += static_cast<float>(factor * ay);
-      mom[2][p] += static_cast<float>(factor * aw);
-    }
-  }
-
-  // pos += factor * mom, wrapped into [0, box).
-  void Drift(double box, double factor) {
-    StageTimer timer(Stage(UniverseGenerator::kDrift));
-    const int64_t particles = static_cast<int64_t>(real_size);
-    for (int c = 0; c < 3; ++c) {
-      float* x = pos[c].data();
-      const float* v = mom[c].data();
-#pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t p = 0; p < particles; ++p) {
-        double nx = x[p] + factor * v[p];
-        nx -= box * std::floor(nx / box);
-        x[p] = nx >= box ? 0.0f : static_cast<float>(nx);
-      }
+      mx[p] += fk * ax;
+      my[p] += fk * ay;
+      mz[p] += fk * aw;
+      px[p] = wrap(px[p] + fd * mx[p]);
+      py[p] = wrap(py[p] + fd * my[p]);
+      pz[p] = wrap(pz[p] + fd * mz[p]);
     }
   }
 
@@ -627,7 +756,7 @@ double UniverseGenerator::SmoothingRadius(const Cosmology& cosmology, double z) 
 const char* UniverseGenerator::StageName(Stage s) {
   static const char* const kNames[kNumStages] = {
       "white noise + colour", "LPT displacements", "mesh density (CIC)", "mesh FFTs",
-      "mesh gradient",        "kick",              "drift",              "counts (output)"};
+      "mesh gradient",        "kick + drift",      "counts (output)"};
   return s >= 0 && s < kNumStages ? kNames[s] : "?";
 }
 
@@ -713,17 +842,14 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   std::sort(outputs.begin(), outputs.end());
   const std::vector<double> nodes = PmTimeNodes(a_init, outputs, o.pm_steps);
   m.StartParticles(box, d1(a_init), d2(a_init), g_p(a_init), g_p2(a_init));
-  // psi2 now holds the mesh forces.
-  m.Forces(box, om, a_init);
+  m.Forces(box, om, a_init, o.pm_gradient);
+  // Kick-drift-kick, with each step's closing half-kick merged into the next step's opening one:
+  // both use the force at the shared node, so one pass over the particles does both.
+  double carried_kick = 0;
   size_t next_output = 0;
   for (size_t s = 0; s + 1 < nodes.size(); ++s) {
     const double a0 = nodes[s], a1 = nodes[s + 1], am = 0.5 * (a0 + a1);
-    m.Kick(box, (g_p(am) - g_p(a0)) / g_f(a0));
-    m.Drift(box, (d1(a1) - d1(a0)) / g_p(am));
-    if (s + 2 < nodes.size()) {  // the last node needs positions only
-      m.Forces(box, om, a1);
-      m.Kick(box, (g_p(a1) - g_p(am)) / g_f(a1));
-    }
+    m.KickDrift(box, carried_kick + (g_p(am) - g_p(a0)) / g_f(a0), (d1(a1) - d1(a0)) / g_p(am));
     while (next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9) {
       const int c = outputs[next_output].second;
       const bool ok = m.DepositWith(
@@ -736,6 +862,10 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
           cube->int16_data() + c * voxels);
       if (!ok) return overflow(c);
       ++next_output;
+    }
+    if (s + 2 < nodes.size()) {  // the last node needs positions only
+      m.Forces(box, om, a1, o.pm_gradient);
+      carried_kick = (g_p(a1) - g_p(am)) / g_f(a1);
     }
   }
   return Status::Ok();
