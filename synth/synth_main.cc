@@ -49,7 +49,8 @@ std::string Provenance(const SynthOptions& o) {
        << (uo.displacement == Displacement::kPm
                ? " pm_steps=" + std::to_string(uo.pm_steps) +
                      " pm_initial_redshift=" + std::to_string(uo.pm_initial_redshift) +
-                     " pm_gradient=" + PmGradientName(uo.pm_gradient)
+                     " pm_gradient=" + PmGradientName(uo.pm_gradient) +
+                     " pm_mesh=" + std::to_string(uo.pm_mesh_factor)
                : std::string())
        << " smoothing="
        << (uo.smoothing < 0 ? "auto(" + std::to_string(uo.NlFactor()) + "/k_nl(z))"

@@ -196,6 +196,8 @@ Status UniverseOptions::Validate() const {
       return InvalidArgumentError("pm initial redshift = " + Num(pm_initial_redshift) +
                                   ": must be in (0, 1000)");
     }
+    if (pm_mesh_factor != 1 && pm_mesh_factor != 2)
+      return InvalidArgumentError("pm mesh factor = " + Num(pm_mesh_factor) + ": must be 1 or 2");
     if (particles_per_side > 0 && particles_per_side != side) {
       return InvalidArgumentError("particles per side = " + Num(particles_per_side) +
                                   ": the particle mesh needs one particle per voxel (= side)");
@@ -224,11 +226,11 @@ struct UniverseGenerator::Impl {
   double stage_seconds[UniverseGenerator::kNumStages] = {};
   double* Stage(UniverseGenerator::Stage s) { return &stage_seconds[s]; }
 
-  // Visits every stored mode (i, j, k) of the r2c half-space with signed frequencies and its
-  // flat index, in parallel.
+  // Visits every stored mode (i, j, k) of the r2c half-space of an nn^3 grid with signed
+  // frequencies and its flat index, in parallel.
   template <typename Visit>
-  void ForEachMode(Visit visit) {
-    const int nn = n, ncc = nc;
+  void ForEachModeOf(int nn, Visit visit) {
+    const int ncc = nn / 2 + 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int i = 0; i < nn; ++i) {
       const int fi = Freq(i, nn);
@@ -238,6 +240,10 @@ struct UniverseGenerator::Impl {
       }
     }
   }
+  template <typename Visit>
+  void ForEachMode(Visit visit) {
+    ForEachModeOf(n, visit);
+  }
 
   // dst = c2r(src * f(kx, ky, kz)), where f returns a real factor and `odd` says that the factor
   // is multiplied by i (first derivatives). Frequencies are signed integers (units of k_f).
@@ -245,8 +251,13 @@ struct UniverseGenerator::Impl {
   // Hermitian partner, so keeping it would leave an imaginary part that c2r silently drops.
   template <typename Factor>
   void Derived(const fftwf_complex* src, float* dst, bool odd, Factor f) {
-    fftwf_complex* out = scratch_k.get();
-    ForEachMode([&](int fi, int fj, int fk, size_t idx) {
+    DerivedOn(n, scratch_k.get(), c2r.get(), src, dst, odd, f);
+  }
+  // The same on any grid: nn^3, its c2r plan and a scratch half-space.
+  template <typename Factor>
+  void DerivedOn(int nn, fftwf_complex* out, fftwf_plan_s* plan, const fftwf_complex* src,
+                 float* dst, bool odd, Factor f) {
+    ForEachModeOf(nn, [&](int fi, int fj, int fk, size_t idx) {
       const float re = src[idx][0], im = src[idx][1];
       const float c = static_cast<float>(f(fi, fj, fk));
       if (odd) {  // i c (re + i im) = -c im + i c re
@@ -257,7 +268,7 @@ struct UniverseGenerator::Impl {
         out[idx][1] = c * im;
       }
     });
-    fftwf_execute_dft_c2r(c2r.get(), out, dst);
+    fftwf_execute_dft_c2r(plan, out, dst);
   }
 
   void Colour(const Cosmology& cosmology, double box, uint64_t seed, uint64_t index) {
@@ -418,8 +429,8 @@ struct UniverseGenerator::Impl {
     }
   }
 
-  // dst[v] = mass in cell v (particles) + offset, summed over the threads' grids.
-  void SumMass(int g, float offset, float* dst) {
+  // dst[v] = mass in cell v (particles) * scale + offset, summed over the threads' grids.
+  void SumMass(int g, float offset, float* dst, double scale = 1.0) {
     const int64_t cells = int64_t{g} * g * g;
     const int nt = threads;
     const int64_t* all = mass_grids.data();
@@ -427,7 +438,7 @@ struct UniverseGenerator::Impl {
     for (int64_t v = 0; v < cells; ++v) {
       int64_t sum = 0;
       for (int t = 0; t < nt; ++t) sum += all[size_t(t) * cells + v];
-      dst[v] = static_cast<float>(static_cast<double>(sum) / kMassOne) + offset;
+      dst[v] = static_cast<float>(static_cast<double>(sum) / kMassOne * scale) + offset;
     }
   }
 
@@ -509,47 +520,58 @@ struct UniverseGenerator::Impl {
   // 4-point finite difference of phi (one inverse FFT; pyCOLA's force is a 4-point difference of
   // the potential too) or the exact i k (three inverse FFTs).
   LargeVector<float> force;
+  // The force mesh: the particle grid's own buffers and plans (pm_mesh_factor 1), or a finer
+  // mesh of its own (factor 2: 8x the cells, for force resolution studies).
+  int g = 0;
+  size_t mesh_size = 0;
+  float* mesh_real = nullptr;
+  fftwf_complex *mesh_k = nullptr, *mesh_scratch = nullptr;
+  fftwf_plan_s *mesh_r2c = nullptr, *mesh_c2r = nullptr;
+  FloatBuffer fine_real;
+  ComplexBuffer fine_k, fine_scratch;
+  Plan fine_r2c, fine_c2r;
+
   void Forces(double box, double omega_m, double a, PmGradient gradient) {
-    float* d = real.get();
+    float* d = mesh_real;
     {
       StageTimer timer(Stage(UniverseGenerator::kMeshDensity));
       // Positions are in [0, box) already: no wrapping needed.
-      const float inv_cell = static_cast<float>(n / box);
+      const float inv_cell = static_cast<float>(g / box);
       const float *px = pos[0].data(), *py = pos[1].data(), *pz = pos[2].data();
-      AccumulateMass(n, true, [&](int64_t p, float* x, float* y, float* w) {
+      AccumulateMass(g, true, [&](int64_t p, float* x, float* y, float* w) {
         *x = px[p] * inv_cell;
         *y = py[p] * inv_cell;
         *w = pz[p] * inv_cell;
       });
-      // Mean density is one particle per mesh cell (mesh = particle grid): delta = rho - 1.
-      SumMass(n, -1.0f, d);
+      // delta = rho / mean - 1; the mean is N / g^3 particles per mesh cell.
+      SumMass(g, -1.0f, d, static_cast<double>(mesh_size) / static_cast<double>(real_size));
     }
-    force.resize(3 * real_size);
+    force.resize(3 * mesh_size);
     StageTimer timer(Stage(UniverseGenerator::kMeshFft));
-    fftwf_execute_dft_r2c(r2c.get(), d, field_k.get());
+    fftwf_execute_dft_r2c(mesh_r2c, d, mesh_k);
     const double kf = 2 * M_PI / box;
-    const double scale = 1.5 * omega_m / a / static_cast<double>(real_size);
+    const double scale = 1.5 * omega_m / a / static_cast<double>(mesh_size);
     if (gradient == PmGradient::kFiniteDifference) {
       // phi = -(1.5 Omega_M / a) delta / k^2.
-      Derived(field_k.get(), d, false, [&](int fi, int fj, int fk) {
+      DerivedOn(g, mesh_scratch, mesh_c2r, mesh_k, d, false, [&](int fi, int fj, int fk) {
         const int m = fi * fi + fj * fj + fk * fk;
         return m == 0 ? 0.0 : -scale / (kf * kf * m);
       });
       StageTimer gradient_timer(Stage(UniverseGenerator::kMeshGradient));
-      FiniteDifferenceForce(d, box / n);
+      FiniteDifferenceForce(d, box / g);
       return;
     }
-    const int half = n / 2;
+    const int half = g / 2;
     for (int c = 0; c < 3; ++c) {
       // F = -grad phi = i k (1.5 Omega_M / a) delta / k^2.
-      Derived(field_k.get(), d, true, [&](int fi, int fj, int fk) {
+      DerivedOn(g, mesh_scratch, mesh_c2r, mesh_k, d, true, [&](int fi, int fj, int fk) {
         const int kc = c == 0 ? fi : c == 1 ? fj : fk;
         const int m = fi * fi + fj * fj + fk * fk;
         if (m == 0 || std::abs(kc) == half) return 0.0;
         return kc / (kf * m) * scale;
       });
       float* f = force.data();
-      const int64_t total = static_cast<int64_t>(real_size);
+      const int64_t total = static_cast<int64_t>(mesh_size);
 #pragma omp parallel for num_threads(threads) schedule(static)
       for (int64_t v = 0; v < total; ++v) f[3 * v + c] = d[v];
     }
@@ -558,7 +580,6 @@ struct UniverseGenerator::Impl {
   // force = -grad phi by the 4-point central difference (8 (f[+1] - f[-1]) - (f[+2] - f[-2])) /
   // (12 h) along each axis, periodic; h is the cell size in Mpc/h.
   void FiniteDifferenceForce(const float* phi, double h) {
-    const int g = n;
     std::vector<int> p1(g), p2(g), m1(g), m2(g);
     for (int i = 0; i < g; ++i) {
       p1[i] = (i + 1) % g;
@@ -585,12 +606,44 @@ struct UniverseGenerator::Impl {
     }
   }
 
+  // The force mesh of `factor`^3 cells per particle (see g above).
+  Status SetUpMesh(int factor) {
+    g = n * factor;
+    mesh_size = size_t(g) * g * g;
+    if (factor == 1) {
+      mesh_real = real.get();
+      mesh_k = field_k.get();
+      mesh_scratch = scratch_k.get();
+      mesh_r2c = r2c.get();
+      mesh_c2r = c2r.get();
+      return Status::Ok();
+    }
+    const size_t complex = size_t(g) * g * (g / 2 + 1);
+    fine_real = AllocFloat(mesh_size);
+    fine_k = AllocComplex(complex);
+    fine_scratch = AllocComplex(complex);
+    if (!fine_real || !fine_k || !fine_scratch)
+      return ResourceExhaustedError("synth: cannot allocate a " + Num(g) + "^3 force mesh");
+    {
+      std::lock_guard<std::mutex> lock(PlannerMutex());
+      fftwf_plan_with_nthreads(threads);
+      fine_r2c.reset(fftwf_plan_dft_r2c_3d(g, g, g, fine_real.get(), fine_k.get(), FFTW_ESTIMATE));
+      fine_c2r.reset(fftwf_plan_dft_c2r_3d(g, g, g, fine_scratch.get(), fine_real.get(), FFTW_ESTIMATE));
+    }
+    if (!fine_r2c || !fine_c2r) return InternalError("synth: FFTW could not plan a " + Num(g) + "^3 mesh");
+    mesh_real = fine_real.get();
+    mesh_k = fine_k.get();
+    mesh_scratch = fine_scratch.get();
+    mesh_r2c = fine_r2c.get();
+    mesh_c2r = fine_c2r.get();
+    return Status::Ok();
+  }
+
   // One kick-drift pass: mom += kick * F(pos), F interpolated from the mesh with the CIC kernel
   // used for density (the same kernel both ways avoids self-forces); then pos += drift * mom,
   // wrapped into [0, box). Fused because both are per particle: one pass over the arrays.
   void KickDrift(double box, double kick, double drift) {
     StageTimer timer(Stage(UniverseGenerator::kKickDrift));
-    const int g = n;
     const float inv_cell = static_cast<float>(g / box), fk = static_cast<float>(kick);
     const float fd = static_cast<float>(drift), fbox = static_cast<float>(box);
     const float* __restrict f = force.data();
@@ -735,6 +788,7 @@ StatusOr<std::unique_ptr<UniverseGenerator>> UniverseGenerator::Create(
   }
   if (!m.r2c || !m.c2r)
     return InternalError("synth: FFTW could not plan a " + Num(m.n) + "^3 transform");
+  if (options.displacement == Displacement::kPm) CF_RETURN_IF_ERROR(m.SetUpMesh(options.pm_mesh_factor));
   return g;
 }
 

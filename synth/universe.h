@@ -91,6 +91,9 @@ struct UniverseOptions {
   int pm_steps = 10;
   double pm_initial_redshift = 9.0;
   PmGradient pm_gradient = PmGradient::kFiniteDifference;
+  // Force mesh cells per particle-grid cell along each axis: 1 (the default) or 2 (8x the mesh
+  // cells: forces resolved to ~1 cell of the output grid instead of ~2-3, at ~8x the mesh cost).
+  int pm_mesh_factor = 1;
   double NlFactor() const {
     if (smoothing_nl_factor > 0) return smoothing_nl_factor;
     return displacement == Displacement::k2Lpt ? 0.7 : 0.5;
