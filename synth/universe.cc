@@ -132,6 +132,11 @@ std::string Num(double v) {
   return s.str();
 }
 
+Status VoxelOverflow(uint64_t index, int channel) {
+  return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
+                         std::to_string(channel) + " has a voxel with more than 32767 particles");
+}
+
 }  // namespace
 
 const char* DisplacementName(Displacement d) {
@@ -690,6 +695,18 @@ struct UniverseGenerator::Impl {
     }
   }
 
+  // Counts the particle-mesh particles (at pos) into dst[side^3]; false on an int16 overflow.
+  bool DepositParticles(const UniverseOptions& o, double box, int16_t* dst) {
+    return DepositWith(
+        o, box,
+        [&](int64_t p, double* x, double* y, double* w) {
+          *x = pos[0][p];
+          *y = pos[1][p];
+          *w = pos[2][p];
+        },
+        dst);
+  }
+
   // The particles at the start of the particle-mesh run: 2LPT positions x = q + d1 psi1 + d2 psi2
   // (wrapped into [0, box)) and momenta p = g_p1 psi1 + g_p2 psi2, from the displacements in
   // psi1/psi2.
@@ -842,60 +859,67 @@ StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t 
     const double d1 = cosmology.GrowthFactor(z);
     const double d2 = second_order ? cosmology.SecondOrderGrowthFactor(z) : 0.0;
     if (!m.Deposit(options_, box, d1, d2, cube.int16_data() + c * voxels)) {
-      return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
-                             std::to_string(c) + " has a voxel with more than 32767 particles");
+      return VoxelOverflow(index, c);
     }
   }
   return cube;
 }
 
+namespace {
+
+// The particle mesh's time factors for one cosmology (FastPM, Feng et al. 2016, eqs. 20-24), with
+// H0 = 1 and p = a^2 dx/dt: growth D1, D2, g_p(a) = a^3 E(a) dD/da (and its D2 twin) and
+// g_f(a) = 1.5 Omega_M D(a) / a.
+struct PmClock {
+  const Cosmology& cosmology;
+  double om;
+  double E(double a) const { return std::sqrt(om / (a * a * a) + 1 - om); }
+  double D1(double a) const { return cosmology.GrowthFactor(1 / a - 1); }
+  double D2(double a) const { return cosmology.SecondOrderGrowthFactor(1 / a - 1); }
+  template <typename F>
+  static double Deriv(F f, double a) {
+    const double h = 1e-4 * a;
+    return (f(a + h) - f(a - h)) / (2 * h);
+  }
+  double Gp(double a) const { return a * a * a * E(a) * Deriv([this](double x) { return D1(x); }, a); }
+  double Gp2(double a) const { return a * a * a * E(a) * Deriv([this](double x) { return D2(x); }, a); }
+  double Gf(double a) const { return 1.5 * om * D1(a) / a; }
+};
+
+}  // namespace
+
 Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t index, double box,
                                        Cube* cube) {
-  // Kick-drift-kick leapfrog in the scale factor with FastPM's modified factors (Feng et al.
-  // 2016, MNRAS 463, 2273, eqs. 20-24), which make the linear growth exact whatever the number of
-  // steps: with p = a^2 dx/dt (H0 = 1) and F = -grad phi, laplacian phi = 1.5 Omega_M delta / a,
-  //   drift  x += p(a_mid) [D(a1) - D(a0)] / g_p(a_mid),          g_p(a) = a^3 E(a) dD/da,
-  //   kick   p += F(a_r) [g_p(a1) - g_p(a0)] / g_f(a_r),          g_f(a) = 1.5 Omega_M D(a) / a,
+  // Kick-drift-kick leapfrog in the scale factor with FastPM's modified factors, which make the
+  // linear growth exact whatever the number of steps: with F = -grad phi, laplacian phi =
+  // 1.5 Omega_M delta / a,
+  //   drift  x += p(a_mid) [D(a1) - D(a0)] / g_p(a_mid),
+  //   kick   p += F(a_r) [g_p(a1) - g_p(a0)] / g_f(a_r),
   // where a_r is the time at which F was computed. Initial conditions: 2LPT at z_init.
   Impl& m = *impl_;
   const UniverseOptions& o = options_;
   const double om = cosmology.params().omega_m;
-  auto e_of = [om](double a) { return std::sqrt(om / (a * a * a) + 1 - om); };
-  auto d1 = [&](double a) { return cosmology.GrowthFactor(1 / a - 1); };
-  auto d2 = [&](double a) { return cosmology.SecondOrderGrowthFactor(1 / a - 1); };
-  auto deriv = [](auto f, double a) {
-    const double h = 1e-4 * a;
-    return (f(a + h) - f(a - h)) / (2 * h);
-  };
-  auto g_p = [&](double a) { return a * a * a * e_of(a) * deriv(d1, a); };
-  auto g_p2 = [&](double a) { return a * a * a * e_of(a) * deriv(d2, a); };
-  auto g_f = [&](double a) { return 1.5 * om * d1(a) / a; };
-
+  const PmClock t{cosmology, om};
   // Initial conditions from 2LPT (the truncation does not apply: the N-body step handles the
   // non-linear scales).
   m.Smooth(box, 0.0);
   m.Displacements(box, true);
   const double a_init = 1 / (1 + o.pm_initial_redshift);
-  const int channels = static_cast<int>(o.redshifts.size());
   const int64_t voxels = int64_t{o.side} * o.side * o.side;
-  auto overflow = [&](int c) {
-    return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
-                           std::to_string(c) + " has a voxel with more than 32767 particles");
-  };
   // Channels at or before z_init come straight from 2LPT.
   std::vector<std::pair<double, int>> outputs;  // (a, channel) for the N-body part
-  for (int c = 0; c < channels; ++c) {
+  for (int c = 0; c < static_cast<int>(o.redshifts.size()); ++c) {
     const double a = 1 / (1 + o.redshifts[c]);
-    if (a <= a_init) {
-      if (!m.Deposit(o, box, d1(a), d2(a), cube->int16_data() + c * voxels)) return overflow(c);
-    } else {
+    if (a > a_init) {
       outputs.emplace_back(a, c);
+    } else if (!m.Deposit(o, box, t.D1(a), t.D2(a), cube->int16_data() + c * voxels)) {
+      return VoxelOverflow(index, c);
     }
   }
   if (outputs.empty()) return Status::Ok();
   std::sort(outputs.begin(), outputs.end());
   const std::vector<double> nodes = PmTimeNodes(a_init, outputs, o.pm_steps);
-  m.StartParticles(box, d1(a_init), d2(a_init), g_p(a_init), g_p2(a_init));
+  m.StartParticles(box, t.D1(a_init), t.D2(a_init), t.Gp(a_init), t.Gp2(a_init));
   m.Forces(box, om, a_init, o.pm_gradient);
   // Kick-drift-kick, with each step's closing half-kick merged into the next step's opening one:
   // both use the force at the shared node, so one pass over the particles does both.
@@ -903,23 +927,16 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   size_t next_output = 0;
   for (size_t s = 0; s + 1 < nodes.size(); ++s) {
     const double a0 = nodes[s], a1 = nodes[s + 1], am = 0.5 * (a0 + a1);
-    m.KickDrift(box, carried_kick + (g_p(am) - g_p(a0)) / g_f(a0), (d1(a1) - d1(a0)) / g_p(am));
-    while (next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9) {
+    m.KickDrift(box, carried_kick + (t.Gp(am) - t.Gp(a0)) / t.Gf(a0),
+                (t.D1(a1) - t.D1(a0)) / t.Gp(am));
+    for (; next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9;
+         ++next_output) {
       const int c = outputs[next_output].second;
-      const bool ok = m.DepositWith(
-          o, box,
-          [&](int64_t p, double* x, double* y, double* w) {
-            *x = m.pos[0][p];
-            *y = m.pos[1][p];
-            *w = m.pos[2][p];
-          },
-          cube->int16_data() + c * voxels);
-      if (!ok) return overflow(c);
-      ++next_output;
+      if (!m.DepositParticles(o, box, cube->int16_data() + c * voxels)) return VoxelOverflow(index, c);
     }
     if (s + 2 < nodes.size()) {  // the last node needs positions only
       m.Forces(box, om, a1, o.pm_gradient);
-      carried_kick = (g_p(a1) - g_p(am)) / g_f(a1);
+      carried_kick = (t.Gp(a1) - t.Gp(am)) / t.Gf(a1);
     }
   }
   return Status::Ok();

@@ -236,6 +236,26 @@ Status DatasetWriter::Close() {
 
 // ---------------------------------------------------------------- reader
 
+namespace {
+
+// The per-cube fields named by the attribute sample_fields (none without it), each [n].
+Status OpenSampleFields(hid_t root, const std::string& path, hsize_t n, std::vector<std::string>* names,
+                        std::vector<Handle>* datasets) {
+  auto list = h5::ReadStringListAttr(root, "sample_fields");
+  if (!list.ok()) return Status::Ok();
+  *names = *list;
+  for (const auto& name : *names) {
+    CF_ASSIGN_OR_RETURN(Handle ds, h5::OpenDataset(root, "sample/" + name, path));
+    auto dims = h5::Dims(ds.get());
+    if (dims.size() != 1 || dims[0] != n)
+      return InvalidArgumentError(path + ": /sample/" + name + " must be [" + std::to_string(n) + "]");
+    datasets->push_back(std::move(ds));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 struct DatasetReader::Impl {
   Handle file, cubes, params, unit_params;
   std::vector<Handle> sample_fields;  // in info.sample_fields order
@@ -295,16 +315,7 @@ StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::string& 
     if (udims != pdims) return InvalidArgumentError(path + ": /params_unit does not match /params");
     info.has_unit_params = true;
   }
-  if (auto names = h5::ReadStringListAttr(root, "sample_fields"); names.ok()) {
-    info.sample_fields = *names;
-    for (const auto& name : info.sample_fields) {
-      CF_ASSIGN_OR_RETURN(Handle ds, h5::OpenDataset(root, "sample/" + name, path));
-      auto dims = h5::Dims(ds.get());
-      if (dims.size() != 1 || dims[0] != cdims[0])
-        return InvalidArgumentError(path + ": /sample/" + name + " must be [" + std::to_string(cdims[0]) + "]");
-      im.sample_fields.push_back(std::move(ds));
-    }
-  }
+  CF_RETURN_IF_ERROR(OpenSampleFields(root, path, cdims[0], &info.sample_fields, &im.sample_fields));
   r->size_ = static_cast<int64_t>(cdims[0]);
   return r;
 }
