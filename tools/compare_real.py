@@ -175,6 +175,7 @@ def compare(real, members, redshifts):
             "z": z, "mean": real["mean"][c],
             "pk_chi2": pk["chi2"], "pk_dof": pk["dof"], "pk_p": pk["p"], "pk_p_hotelling": pk["p_hotelling"],
             "pk_ratio": (real["pk"][c] / np.exp(ens_pk.mean(axis=0))).tolist(),
+            "pk_ratio_small": float(np.mean((real["pk"][c] / np.exp(ens_pk.mean(axis=0)))[real["k"][c] > 0.5])),
             "pdf_chi2": pdf["chi2"], "pdf_dof": pdf["dof"], "pdf_p": pdf["p"], "pdf_p_hotelling": pdf["p_hotelling"],
             "empty": real["empty"][c], "empty_ens_mean": float(empty.mean()),
             "empty_ens_std": float(empty.std(ddof=1)), "empty_percentile": cs.percentile(real["empty"][c], empty),
@@ -200,9 +201,9 @@ def flag(p):
 def table(results):
     """The markdown table: one line per real cube and channel."""
     lines = [
-        "| cube (Omega_M, sigma_8, n_s, H0) | z | mean count | P(k) chi2/dof, p (Hotelling p) | PDF chi2/dof, p (Hotelling p) "
-        "| empty fraction: real, ensemble, percentile | skewness z at R = 1, 2, 4 Mpc/h (joint p) |",
-        "|---|---|---|---|---|---|---|"]
+        "| cube (Omega_M, sigma_8, n_s, H0) | z | mean count | P(k) chi2/dof, p (Hotelling p) | P real / synthetic, k > 0.5 "
+        "| PDF chi2/dof, p (Hotelling p) | empty fraction: real, ensemble, percentile | skewness z at R = 1, 2, 4 Mpc/h (joint p) |",
+        "|---|---|---|---|---|---|---|---|"]
     for r in results:
         par = r["params"]
         label = (f"{r['index']} ({par['Omega_M']:.3f}, {par['sigma_8']:.3f}, {par['n_s']:.3f}, "
@@ -211,6 +212,7 @@ def table(results):
             lines.append(
                 f"| {label} | {row['z']:g} | {row['mean']:.3f} "
                 f"| {row['pk_chi2']:.1f}/{row['pk_dof']}, {flag(row['pk_p'])} ({row['pk_p_hotelling']:.2g}) "
+                f"| {row['pk_ratio_small']:.2f} "
                 f"| {row['pdf_chi2']:.1f}/{row['pdf_dof']}, {flag(row['pdf_p'])} ({row['pdf_p_hotelling']:.2g}) "
                 f"| {row['empty']:.3f}, {row['empty_ens_mean']:.3f} +- {row['empty_ens_std']:.3f}, {row['empty_percentile']:.0f}% "
                 f"| {', '.join(f'{z:+.1f}' for z in row['skew_z'])} ({flag(row['skew_p'])}) |")
@@ -229,12 +231,13 @@ def table(results):
 
 def write_csv(results, path):
     with open(path + ".tmp", "w") as f:
-        f.write("cube,z,mean,pk_chi2,pk_dof,pk_p,pk_p_hotelling,pdf_chi2,pdf_dof,pdf_p,pdf_p_hotelling,"
+        f.write("cube,z,mean,pk_chi2,pk_dof,pk_p,pk_p_hotelling,pk_ratio_small,pdf_chi2,pdf_dof,pdf_p,pdf_p_hotelling,"
                 "empty,empty_ens_mean,empty_ens_std,empty_percentile,skew_z_r1,skew_z_r2,skew_z_r4,skew_p\n")
         for r in results:
             for w in r["channels"]:
                 f.write(",".join(str(v) for v in [
                     r["index"], w["z"], w["mean"], w["pk_chi2"], w["pk_dof"], w["pk_p"], w["pk_p_hotelling"],
+                    w["pk_ratio_small"],
                     w["pdf_chi2"], w["pdf_dof"], w["pdf_p"], w["pdf_p_hotelling"], w["empty"],
                     w["empty_ens_mean"], w["empty_ens_std"], w["empty_percentile"], *w["skew_z"],
                     w["skew_p"]]) + "\n")
