@@ -55,8 +55,8 @@ DatasetInfo SubcubeInfo(const SubcubeOptions& o, const DatasetInfo& in) {
   info.generator = "cosmoflow-subcubes (from " + in.generator + ")";
   info.provenance = "cosmoflow-subcubes\ncommand: " + o.command_line + "\ninput: " + o.in +
                     "\nsub-cube q = (i m + j) m + k of parent g holds voxels [i s, (i+1) s) x "
-                    "[j s, (j+1) s) x [k s, (k+1) s), s = " + std::to_string(o.side) +
-                    ", m = " + std::to_string(in.shape.width / o.side) +
+                    "[j s, (j+1) s) x [k s, (k+1) s), s = " +
+                    std::to_string(o.side) + ", m = " + std::to_string(in.shape.width / o.side) +
                     "\ninput provenance:\n" + in.provenance;
   return info;
 }
@@ -65,21 +65,25 @@ DatasetInfo SubcubeInfo(const SubcubeOptions& o, const DatasetInfo& in) {
 class SubcubeWriter {
  public:
   SubcubeWriter(const SubcubeOptions& o, DatasetInfo info, SubcubeStats* stats)
-      : o_(o), info_(std::move(info)), stats_(stats), single_(o.out.size() > 3 &&
-                                                              o.out.substr(o.out.size() - 3) == ".h5") {
+      : o_(o),
+        info_(std::move(info)),
+        stats_(stats),
+        single_(o.out.size() > 3 && o.out.substr(o.out.size() - 3) == ".h5") {
     write_options_.compression_level = o.compression_level;
   }
 
   // All sub-cubes of parent number `parent` (0-based in the input) with its labels and box.
   Status AddParent(int64_t parent, const Cube& cube, const std::vector<float>& params,
                    const std::vector<float>& unit, double box) {
-    if (!writer_ || (!single_ && parent % o_.parents_per_shard == 0)) CF_RETURN_IF_ERROR(Open(parent));
+    if (!writer_ || (!single_ && parent % o_.parents_per_shard == 0))
+      CF_RETURN_IF_ERROR(Open(parent));
     const int m = cube.shape().width / o_.side;
     Cube sub;
     for (int q = 0; q < m * m * m; ++q) {
       CutSubcube(cube, o_.side, q, &sub);
       const std::vector<double> fields = {static_cast<double>(o_.group_offset + parent),
-                                          static_cast<double>(q), box * o_.side / cube.shape().width};
+                                          static_cast<double>(q),
+                                          box * o_.side / cube.shape().width};
       CF_RETURN_IF_ERROR(writer_->Append(sub, params, unit, fields).WithContext(path_));
       ++stats_->subcubes;
     }
@@ -105,7 +109,8 @@ class SubcubeWriter {
       std::filesystem::create_directories(o_.out, ec);
       if (ec) return FailedPreconditionError(o_.out + ": cannot create directory: " + ec.message());
       char name[32];
-      std::snprintf(name, sizeof(name), "-%08lld.h5", static_cast<long long>(o_.group_offset + parent));
+      std::snprintf(name, sizeof(name), "-%08lld.h5",
+                    static_cast<long long>(o_.group_offset + parent));
       path_ = o_.out + "/" + o_.prefix + name;
     }
     CF_ASSIGN_OR_RETURN(writer_, DatasetWriter::Create(path_, info_, write_options_));
@@ -151,14 +156,16 @@ Status CutSubcubes(const SubcubeOptions& o, SubcubeStats* stats) {
     for (int64_t i = 0; i < shard.size(); ++i, ++parent) {
       CF_ASSIGN_OR_RETURN(Cube cube, shard.ReadCube(i));
       const std::vector<float> row(params.begin() + i * p, params.begin() + (i + 1) * p);
-      const std::vector<float> urow = unit.empty() ? std::vector<float>()
-                                                   : std::vector<float>(unit.begin() + i * p, unit.begin() + (i + 1) * p);
+      const std::vector<float> urow =
+          unit.empty() ? std::vector<float>()
+                       : std::vector<float>(unit.begin() + i * p, unit.begin() + (i + 1) * p);
       CF_RETURN_IF_ERROR(writer.AddParent(parent, cube, row, urow, boxes[i]));
       const auto now = std::chrono::steady_clock::now();
       if (o.progress && std::chrono::duration<double>(now - last).count() > 2.0) {
         last = now;
         const double t = std::chrono::duration<double>(now - start).count();
-        std::fprintf(stderr, "cosmoflow-subcubes: %lld/%lld universes, %.1f universes/s, ETA %.0f s\n",
+        std::fprintf(stderr,
+                     "cosmoflow-subcubes: %lld/%lld universes, %.1f universes/s, ETA %.0f s\n",
                      static_cast<long long>(parent + 1), static_cast<long long>(dataset->size()),
                      (parent + 1) / t, (dataset->size() - parent - 1) * t / (parent + 1));
       }

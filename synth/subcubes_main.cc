@@ -16,7 +16,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: cosmoflow-subcubes --in SHARD|DIR --out DIR|FILE.h5 [options]\n"
     "Cuts each (C, n, n, n) universe into (n/s)^3 sub-cubes (C, s, s, s), all channels, with the\n"
-    "parent's labels and /sample/group (parent index), /sample/subcube and /sample/box_size_mpc_h.\n";
+    "parent's labels and /sample/group (parent index), /sample/subcube and "
+    "/sample/box_size_mpc_h.\n";
 
 StatusOr<SubcubeOptions> ParseFlags(int argc, char** argv, bool* help) {
   SubcubeOptions o;
@@ -24,7 +25,8 @@ StatusOr<SubcubeOptions> ParseFlags(int argc, char** argv, bool* help) {
   bool quiet = false;
   FlagParser flags;
   flags.AddString("in", &o.in, "input dataset: a shard or a directory of shards");
-  flags.AddString("out", &o.out, "output: a directory (shards <prefix>-<first parent>.h5) or FILE.h5");
+  flags.AddString("out", &o.out,
+                  "output: a directory (shards <prefix>-<first parent>.h5) or FILE.h5");
   flags.AddInt("side", &side, "sub-cube side (default 32; must divide the cube side)");
   flags.AddInt("parents-per-shard", &per_shard, "universes per output shard (default 16)");
   flags.AddString("prefix", &o.prefix, "shard name prefix (default subcubes)");

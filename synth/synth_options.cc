@@ -23,8 +23,8 @@ constexpr char kUsage[] =
 // The flags as given, before they are checked and turned into SynthOptions.
 struct RawFlags {
   std::string out, redshifts = "0,0.5,1.5,3", ranges, omega_m, sigma_8, n_s, h0, transfer = "eh98",
-                   displacement = "pm", assignment = "ngp", pm_gradient = "fd4", smoothing = "auto", prefix = "synth",
-                   preset;
+                   displacement = "pm", assignment = "ngp", pm_gradient = "fd4", smoothing = "auto",
+                   prefix = "synth", preset;
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
           threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1, pm_mesh = 1;
   double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0, pm_z_init = 9;

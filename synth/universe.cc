@@ -5,12 +5,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <ctime>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <new>
+#include <ctime>
 #include <mutex>
+#include <new>
 #include <sstream>
 
 #include "synth/random.h"
@@ -62,9 +62,13 @@ struct LargeAllocator {
   }
   void deallocate(T* p, size_t) { std::free(p); }
   template <typename U>
-  bool operator==(const LargeAllocator<U>&) const { return true; }
+  bool operator==(const LargeAllocator<U>&) const {
+    return true;
+  }
   template <typename U>
-  bool operator!=(const LargeAllocator<U>&) const { return false; }
+  bool operator!=(const LargeAllocator<U>&) const {
+    return false;
+  }
 };
 template <typename T>
 using LargeVector = std::vector<T, LargeAllocator<T>>;
@@ -592,7 +596,8 @@ struct UniverseGenerator::Impl {
       m1[i] = (i + g - 1) % g;
       m2[i] = (i + g - 2) % g;
     }
-    const float c1 = static_cast<float>(8.0 / (12.0 * h)), c2 = static_cast<float>(1.0 / (12.0 * h));
+    const float c1 = static_cast<float>(8.0 / (12.0 * h)),
+                c2 = static_cast<float>(1.0 / (12.0 * h));
     float* out = force.data();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int i = 0; i < g; ++i) {
@@ -633,9 +638,11 @@ struct UniverseGenerator::Impl {
       std::lock_guard<std::mutex> lock(PlannerMutex());
       fftwf_plan_with_nthreads(threads);
       fine_r2c.reset(fftwf_plan_dft_r2c_3d(g, g, g, fine_real.get(), fine_k.get(), FFTW_ESTIMATE));
-      fine_c2r.reset(fftwf_plan_dft_c2r_3d(g, g, g, fine_scratch.get(), fine_real.get(), FFTW_ESTIMATE));
+      fine_c2r.reset(
+          fftwf_plan_dft_c2r_3d(g, g, g, fine_scratch.get(), fine_real.get(), FFTW_ESTIMATE));
     }
-    if (!fine_r2c || !fine_c2r) return InternalError("synth: FFTW could not plan a " + Num(g) + "^3 mesh");
+    if (!fine_r2c || !fine_c2r)
+      return InternalError("synth: FFTW could not plan a " + Num(g) + "^3 mesh");
     mesh_real = fine_real.get();
     mesh_k = fine_k.get();
     mesh_scratch = fine_scratch.get();
@@ -653,10 +660,8 @@ struct UniverseGenerator::Impl {
     const float fd = static_cast<float>(drift), fbox = static_cast<float>(box);
     const float* __restrict f = force.data();
     const int64_t particles = static_cast<int64_t>(real_size);
-    float *__restrict mx = mom[0].data(), *__restrict my = mom[1].data(),
-          *__restrict mz = mom[2].data();
-    float *__restrict px = pos[0].data(), *__restrict py = pos[1].data(),
-          *__restrict pz = pos[2].data();
+    float* __restrict mx = mom[0].data(), * __restrict my = mom[1].data(), * __restrict mz = mom[2].data();
+    float* __restrict px = pos[0].data(), * __restrict py = pos[1].data(), * __restrict pz = pos[2].data();
     // Selects, not branches, so that the loop vectorises. A step moves a particle by far less
     // than a box (a few Mpc/h), so one add or subtract wraps it; the last select only keeps a
     // rounding case (x + box == box in float) inside [0, box).
@@ -805,7 +810,8 @@ StatusOr<std::unique_ptr<UniverseGenerator>> UniverseGenerator::Create(
   }
   if (!m.r2c || !m.c2r)
     return InternalError("synth: FFTW could not plan a " + Num(m.n) + "^3 transform");
-  if (options.displacement == Displacement::kPm) CF_RETURN_IF_ERROR(m.SetUpMesh(options.pm_mesh_factor));
+  if (options.displacement == Displacement::kPm)
+    CF_RETURN_IF_ERROR(m.SetUpMesh(options.pm_mesh_factor));
   return g;
 }
 
@@ -881,8 +887,12 @@ struct PmClock {
     const double h = 1e-4 * a;
     return (f(a + h) - f(a - h)) / (2 * h);
   }
-  double Gp(double a) const { return a * a * a * E(a) * Deriv([this](double x) { return D1(x); }, a); }
-  double Gp2(double a) const { return a * a * a * E(a) * Deriv([this](double x) { return D2(x); }, a); }
+  double Gp(double a) const {
+    return a * a * a * E(a) * Deriv([this](double x) { return D1(x); }, a);
+  }
+  double Gp2(double a) const {
+    return a * a * a * E(a) * Deriv([this](double x) { return D2(x); }, a);
+  }
   double Gf(double a) const { return 1.5 * om * D1(a) / a; }
 };
 
@@ -932,7 +942,8 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
     for (; next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9;
          ++next_output) {
       const int c = outputs[next_output].second;
-      if (!m.DepositParticles(o, box, cube->int16_data() + c * voxels)) return VoxelOverflow(index, c);
+      if (!m.DepositParticles(o, box, cube->int16_data() + c * voxels))
+        return VoxelOverflow(index, c);
     }
     if (s + 2 < nodes.size()) {  // the last node needs positions only
       m.Forces(box, om, a1, o.pm_gradient);

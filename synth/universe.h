@@ -87,7 +87,8 @@ struct UniverseOptions {
   // Particle mesh (displacement kPm): 2LPT initial conditions at pm_initial_redshift, then
   // pm_steps kick-drift-kick steps (FastPM factors) to the lowest output redshift (at least one
   // between consecutive output redshifts), forces from a CIC density on the particle grid (one
-  // mesh cell per voxel). Costs 2 FFTs (4 with the i k gradient) + 3 passes over the particles per step.
+  // mesh cell per voxel). Costs 2 FFTs (4 with the i k gradient) + 3 passes over the particles per
+  // step.
   int pm_steps = 10;
   double pm_initial_redshift = 9.0;
   PmGradient pm_gradient = PmGradient::kFiniteDifference;
@@ -138,8 +139,16 @@ class UniverseGenerator {
 
   // CPU seconds of the calling thread spent in each stage of every Generate() so far (bench_synth's
   // profile; the whole cost with threads = 1).
-  enum Stage { kNoise, kLpt, kMeshDensity, kMeshFft, kMeshGradient, kKickDrift, kCounts,
-               kNumStages };
+  enum Stage {
+    kNoise,
+    kLpt,
+    kMeshDensity,
+    kMeshFft,
+    kMeshGradient,
+    kKickDrift,
+    kCounts,
+    kNumStages
+  };
   static const char* StageName(Stage s);
   double StageSeconds(Stage s) const;
 

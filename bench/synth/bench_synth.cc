@@ -96,8 +96,8 @@ StatusOr<Setting> MakeSetting(const std::string& name, int side) {
   Setting s;
   if (name == "mlperf") {
     const std::string side_text = std::to_string(side);
-    const char* argv[] = {"synth", "--preset", "mlperf", "--out", "unused.h5", "--side",
-                          side_text.c_str()};
+    const char* argv[] = {"synth",     "--preset", "mlperf",         "--out",
+                          "unused.h5", "--side",   side_text.c_str()};
     bool help = false;
     CF_ASSIGN_OR_RETURN(SynthOptions o, ParseSynthOptions(7, const_cast<char**>(argv), &help));
     s.name = "mlperf preset (pm 10 steps, H0 prior)";
@@ -176,8 +176,8 @@ int BenchSetting(const Setting& s, int cubes) {
   }
   for (int t : {1, 2}) {
     const double m = Median(times[t]);
-    std::printf("%-40s %10s %14.3f %10.2f %14.3f\n", s.name.c_str(), t == 1 ? "1" : "2 in cube",
-                m, 1.0 / m, Median(cpu[t]));
+    std::printf("%-40s %10s %14.3f %10.2f %14.3f\n", s.name.c_str(), t == 1 ? "1" : "2 in cube", m,
+                1.0 / m, Median(cpu[t]));
   }
   auto pool = GeneratorPool::Create(s.universe, 2, s.ranges, s.base, 1, 0, 2 * cubes);
   if (!pool.ok()) return 1;

@@ -17,7 +17,9 @@ using testing::RunCommand;
 using testing::TempDir;
 
 // A voxel's value encodes where it is: parent p, channel c, position (d, h, w).
-int16_t Value(int p, int c, int d, int h, int w) { return int16_t((p * 7 + c * 3 + d * 5 + h * 11 + w * 13) % 97); }
+int16_t Value(int p, int c, int d, int h, int w) {
+  return int16_t((p * 7 + c * 3 + d * 5 + h * 11 + w * 13) % 97);
+}
 
 // Writes `parents` cubes (2 channels, n^3) with per-cube boxes 10 * (p + 1) Mpc/h into two shards
 // (so parent indices run across shards).
@@ -108,7 +110,8 @@ TEST(SubcubesTest, ShardsPerParentsAndClearErrors) {
   WriteParents(dir / "in", 5, 8);
   const std::string tool = std::string(COSMOFLOW_BINARY_DIR) + "/synth/cosmoflow-subcubes";
   std::string err;
-  ASSERT_EQ(RunCommand(tool + " --in " + dir / "in" + " --out " + dir / "out --side 4 --parents-per-shard 2 --quiet",
+  ASSERT_EQ(RunCommand(tool + " --in " + dir / "in" + " --out " +
+                           dir / "out --side 4 --parents-per-shard 2 --quiet",
                        dir / "err", &err),
             0)
       << err;
@@ -118,7 +121,8 @@ TEST(SubcubesTest, ShardsPerParentsAndClearErrors) {
   ASSERT_TRUE(all.ok());
   EXPECT_EQ((*all)->size(), 5 * 8);
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {" --in " + dir / "in" + " --out " + dir / "x.h5 --side 3", "does not divide the cube side 8"},
+      {" --in " + dir / "in" + " --out " + dir / "x.h5 --side 3",
+       "does not divide the cube side 8"},
       {" --in " + dir / "nope --out " + dir / "x.h5", "nope"},
       {" --out " + dir / "x.h5", "--in and --out are required"},
   };
