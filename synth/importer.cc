@@ -118,6 +118,7 @@ DatasetInfo MlperfDatasetInfo(const ImportOptions& o) {
   info.box_size_mpc_h = kMlperfNominalBoxMpcH * o.side / kMlperfSide;
   info.generator = "import mlperf-tfrecord (cosmoflow-import " COSMOFLOW_GIT_REV ")";
   info.has_unit_params = true;
+  info.sample_fields = {kSampleBoxSize};  // each cube's own side, from its H0
   return info;
 }
 
@@ -159,7 +160,8 @@ class ShardImporter {
       const MlperfSample& s = r.samples[i];
       std::vector<float> params(s.physical.begin(), s.physical.end());
       std::vector<float> unit(s.unit.begin(), s.unit.end());
-      Status st = writer_->Append(s.cube, params, unit);
+      const double box = MlperfBoxMpcH(s.physical[3], o_.side);
+      Status st = writer_->Append(s.cube, params, unit, {box});
       if (!st.ok()) return st.WithContext("import: " + shard_path_);
       if (report_) {
         *report_ << r.path << '\t' << i << "\timported\t" << shard_path_ << '\t'
@@ -207,12 +209,14 @@ class ShardImporter {
     const size_t last = std::min(files_.size(), first + o_.files_per_shard);
     std::string sources;
     for (size_t k = first; k < last; ++k) sources += "\n  " + files_[k];
-    info_.provenance = "cosmoflow-import (git " COSMOFLOW_GIT_REV ")\ncommand: " + o_.command_line +
-                       "\nlabels: params = p0 (1 + 0.1 unitPar), p0 = (0.3, 0.8, 0.96, 70); "
-                       "params_unit = unitPar as stored\nbox: 128 voxels span 128 H0/70 Mpc/h "
-                       "(box_size_mpc_h is the nominal value at H0 = 70)\nsource files "
-                       "(corrupt records are skipped and reported):" +
-                       sources;
+    info_.provenance =
+        "cosmoflow-import (git " COSMOFLOW_GIT_REV ")\ncommand: " + o_.command_line +
+        "\nlabels: params = p0 (1 + 0.1 unitPar), p0 = (0.3, 0.8, 0.96, 70); "
+        "params_unit = unitPar as stored\nbox: 128 voxels span 128 H0/70 Mpc/h "
+        "(attribute box_size_mpc_h: the nominal value at H0 = 70; /sample/box_size_mpc_h: "
+        "each cube's own)\nsource files "
+        "(corrupt records are skipped and reported):" +
+        sources;
     shard_path_ = ShardName(o_, o_.first_file_number + static_cast<int64_t>(first));
     auto w = DatasetWriter::Create(shard_path_, info_, write_options_);
     if (!w.ok()) return w.status().WithContext("import");

@@ -41,6 +41,12 @@ inline double MlperfPhysicalToUnit(int param, double p) {
   return (p / kMlperfParamCentre[param] - 1.0) / kMlperfUnitScale;
 }
 
+// Side in Mpc/h of a cube of `side` voxels with Hubble constant h0 (km/s/Mpc): the source boxes
+// are fixed in Mpc, so in Mpc/h they scale as H0/70.
+inline double MlperfBoxMpcH(double h0, int side = kMlperfSide) {
+  return kMlperfNominalBoxMpcH * side / kMlperfSide * h0 / kMlperfParamCentre[3];
+}
+
 struct MlperfSample {
   Cube cube;                                // int16, channel-first (4, side, side, side)
   std::array<float, kMlperfParams> unit{};  // unitPar as stored

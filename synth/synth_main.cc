@@ -41,13 +41,16 @@ std::string Provenance(const SynthOptions& o) {
   const UniverseOptions& uo = o.universe;
   const ParamRanges& ranges = o.ranges;
   std::ostringstream prov;
-  prov << "synth (git " COSMOFLOW_GIT_REV ")\ncommand: " << o.command_line << "\nseed=" << o.seed
+  prov << "synth (git " COSMOFLOW_GIT_REV ")\ncommand: " << o.command_line
+       << (o.preset.empty() ? std::string() : "\npreset: " + o.preset) << "\nseed=" << o.seed
        << " transfer=" << TransferFunctionName(uo.transfer)
        << " displacement=" << DisplacementName(uo.displacement)
        << " assignment=" << MassAssignmentName(uo.assignment)
        << (uo.displacement == Displacement::kPm
                ? " pm_steps=" + std::to_string(uo.pm_steps) +
-                     " pm_initial_redshift=" + std::to_string(uo.pm_initial_redshift)
+                     " pm_initial_redshift=" + std::to_string(uo.pm_initial_redshift) +
+                     " pm_gradient=" + PmGradientName(uo.pm_gradient) +
+                     " pm_mesh=" + std::to_string(uo.pm_mesh_factor)
                : std::string())
        << " smoothing="
        << (uo.smoothing < 0 ? "auto(" + std::to_string(uo.NlFactor()) + "/k_nl(z))"
@@ -75,6 +78,7 @@ DatasetInfo DescribeDataset(const SynthOptions& o) {
     info.param_names.push_back("H0");
     info.param_units.push_back("km/s/Mpc");
   }
+  if (uo.scale_box_with_h) info.sample_fields = {kSampleBoxSize};  // each cube's own side
   info.redshifts = uo.redshifts;
   info.box_size_mpc_h = uo.box_size();
   info.generator = "synth " COSMOFLOW_GIT_REV " seed=" + std::to_string(o.seed);
@@ -94,8 +98,9 @@ class ShardWriter {
     if (n % o_.samples_per_shard != 0) return Status::Ok();
     return StartShard(n);
   }
-  Status Append(const Cube& cube, const std::vector<float>& labels) {
-    return writer_->Append(cube, labels).WithContext(shard_path_);
+  Status Append(const Cube& cube, const std::vector<float>& labels,
+                const std::vector<double>& sample_values) {
+    return writer_->Append(cube, labels, {}, sample_values).WithContext(shard_path_);
   }
   Status Close() {
     if (!writer_) return Status::Ok();
@@ -177,7 +182,9 @@ Status Generate(const SynthOptions& o, std::vector<std::string>* shards) {
                                  static_cast<float>(params.sigma_8),
                                  static_cast<float>(params.n_s)};
     if (o.ranges.draws_h()) labels.push_back(static_cast<float>(100 * params.h));
-    CF_RETURN_IF_ERROR(writer.Append(sample.cube, labels));
+    std::vector<double> sample_values;
+    if (o.universe.scale_box_with_h) sample_values.push_back(o.universe.BoxSize(params.h));
+    CF_RETURN_IF_ERROR(writer.Append(sample.cube, labels, sample_values));
     if (!o.quiet) progress.Done(n);
   }
   CF_RETURN_IF_ERROR(writer.Close());

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/base/flags.h"
+#include "synth/mlperf.h"
 
 namespace cosmoflow {
 namespace synth {
@@ -22,14 +23,18 @@ constexpr char kUsage[] =
 // The flags as given, before they are checked and turned into SynthOptions.
 struct RawFlags {
   std::string out, redshifts = "0,0.5,1.5,3", ranges, omega_m, sigma_8, n_s, h0, transfer = "eh98",
-                   displacement = "pm", assignment = "ngp", smoothing = "auto", prefix = "synth";
+                   displacement = "pm", assignment = "ngp", pm_gradient = "fd4", smoothing = "auto",
+                   prefix = "synth", preset;
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
-          threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1;
+          threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1, pm_mesh = 1;
   double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0, pm_z_init = 9;
   bool quiet = false, help = false;
 };
 
 void AddFlags(FlagParser& flags, RawFlags& f) {
+  flags.AddString("preset", &f.preset,
+                  "mlperf: the MLPerf CosmoFlow prior, geometry and evolution (docs/data.md); "
+                  "any other flag given overrides the preset's value");
   flags.AddString("out", &f.out,
                   "output: a directory (shards <prefix>-<first index>.h5) or FILE.h5");
   flags.AddInt("samples", &f.samples, "number of cubes (default 1)");
@@ -59,6 +64,11 @@ void AddFlags(FlagParser& flags, RawFlags& f) {
   flags.AddInt("pm-steps", &f.pm_steps, "particle-mesh time steps (default 10)");
   flags.AddDouble("pm-initial-redshift", &f.pm_z_init,
                   "particle-mesh start, 2LPT before it (default 9)");
+  flags.AddString("pm-gradient", &f.pm_gradient,
+                  "particle-mesh force: fd4 (default, 4-point difference of the potential) or ik "
+                  "(spectral, 2 more FFTs per step)");
+  flags.AddInt("pm-mesh", &f.pm_mesh,
+               "particle-mesh force cells per voxel along each axis: 1 (default) or 2 (8x cost)");
   flags.AddString("assignment", &f.assignment, "ngp (default) or cic");
   flags.AddString("smoothing", &f.smoothing,
                   "truncation: auto (default, R = factor/k_nl(z)), 0 (none) or R in Mpc/h");
@@ -123,6 +133,7 @@ Status SetUniverse(const RawFlags& f, UniverseOptions& uo) {
     return InvalidArgumentError("--pm-steps must be in 1..1000");
   uo.pm_steps = static_cast<int>(f.pm_steps);
   uo.pm_initial_redshift = f.pm_z_init;
+  uo.pm_mesh_factor = static_cast<int>(f.pm_mesh);
   CF_ASSIGN_OR_RETURN(uo.redshifts, ParseDoubleList(f.redshifts, "--redshifts"));
   auto transfer = ParseTransferFunction(f.transfer);
   if (!transfer.ok()) return transfer.status().WithContext("--transfer");
@@ -130,6 +141,9 @@ Status SetUniverse(const RawFlags& f, UniverseOptions& uo) {
   auto displacement = ParseDisplacement(f.displacement);
   if (!displacement.ok()) return displacement.status().WithContext("--displacement");
   uo.displacement = *displacement;
+  auto gradient = ParsePmGradient(f.pm_gradient);
+  if (!gradient.ok()) return gradient.status().WithContext("--pm-gradient");
+  uo.pm_gradient = *gradient;
   auto assignment = ParseMassAssignment(f.assignment);
   if (!assignment.ok()) return assignment.status().WithContext("--assignment");
   uo.assignment = *assignment;
@@ -199,6 +213,50 @@ Status SetRanges(const RawFlags& f, SynthOptions& o) {
   return Status::Ok();
 }
 
+// "MIN:MAX" of MLPerf parameter p: p0 (1 + 0.1 u) at u = -1 and +1 (synth/mlperf.h).
+std::string MlperfRangeText(int p) {
+  std::ostringstream s;
+  s.precision(10);
+  s << MlperfUnitToPhysical(p, -1.0) << ":" << MlperfUnitToPhysical(p, 1.0);
+  return s.str();
+}
+
+// Sets every preset field the command line did not set. The mlperf preset: the prior of the MLPerf
+// CosmoFlow set (each parameter p0 (1 + 0.1 u), u uniform in [-1, 1], H0 included, box scaled
+// by H0/70), its geometry (128^3 voxels of 1 Mpc/h at H0 = 70, one particle per voxel, z = 0,
+// 0.5, 1.5, 3) and the evolution closest to its pyCOLA runs (2LPT at z = 9 + 10 PM steps, NGP
+// counts). docs/data.md says why these settings.
+Status ApplyPreset(const FlagParser& flags, RawFlags& f) {
+  if (f.preset.empty()) return Status::Ok();
+  if (f.preset != "mlperf") {
+    return InvalidArgumentError("--preset '" + f.preset + "' is not one of: mlperf");
+  }
+  auto set = [&](const char* flag, auto* field, auto value) {
+    if (!flags.Seen(flag)) *field = value;
+  };
+  set("side", &f.side, int64_t{kMlperfSide});
+  set("voxel-size", &f.voxel_size, kMlperfNominalBoxMpcH / kMlperfSide);
+  set("particles-per-side", &f.particles, int64_t{0});
+  std::ostringstream z;
+  for (size_t c = 0; c < kMlperfRedshifts.size(); ++c) z << (c ? "," : "") << kMlperfRedshifts[c];
+  set("redshifts", &f.redshifts, z.str());
+  set("displacement", &f.displacement, std::string("pm"));
+  set("pm-steps", &f.pm_steps, int64_t{10});
+  set("pm-initial-redshift", &f.pm_z_init, 9.0);
+  set("pm-gradient", &f.pm_gradient, std::string("fd4"));
+  set("pm-mesh", &f.pm_mesh, int64_t{1});
+  set("assignment", &f.assignment, std::string("ngp"));
+  set("transfer", &f.transfer, std::string("eh98"));
+  if (!flags.Seen("ranges")) {
+    set("omega-m", &f.omega_m, MlperfRangeText(0));
+    set("sigma-8", &f.sigma_8, MlperfRangeText(1));
+    set("n-s", &f.n_s, MlperfRangeText(2));
+  }
+  set("h0", &f.h0, MlperfRangeText(3));
+  set("prefix", &f.prefix, std::string("mlperf-synth"));
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<SynthOptions> ParseSynthOptions(int argc, char** argv, bool* help) {
@@ -209,7 +267,9 @@ StatusOr<SynthOptions> ParseSynthOptions(int argc, char** argv, bool* help) {
   *help = f.help;
   if (f.help) return SynthOptions();
   CF_RETURN_IF_ERROR(s);
+  CF_RETURN_IF_ERROR(ApplyPreset(flags, f));
   SynthOptions o;
+  o.preset = f.preset;
   CF_RETURN_IF_ERROR(CheckRunFlags(f, o));
   CF_RETURN_IF_ERROR(SetUniverse(f, o.universe));
   CF_RETURN_IF_ERROR(SetRanges(f, o));

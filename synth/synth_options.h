@@ -30,6 +30,7 @@ struct SynthOptions {
   UniverseOptions universe;   // validated
   ParamRanges ranges;         // validated
   CosmologyParams base;       // omega_b and h; Omega_M, sigma_8, n_s (and h with --h0) are drawn
+  std::string preset;         // --preset name ("" without), for the provenance record
   std::string command_line;   // for the provenance record
 };
 

@@ -2,11 +2,15 @@
 
 #include <fftw3.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
+#include <new>
 #include <sstream>
 
 #include "synth/random.h"
@@ -26,11 +30,48 @@ void InitFftwThreadsOnce() {
   std::call_once(once, [] { fftwf_init_threads(); });
 }
 
-struct FftwFree {
-  void operator()(void* p) const { fftwf_free(p); }
+// Large work arrays (8-25 MB each at 128^3) on 2 MiB pages where the kernel allows it
+// (transparent huge pages in madvise mode): the mesh kernels touch several planes of such arrays
+// per particle, and with 4 KiB pages most of those touches miss the TLB.
+void* AllocLarge(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < 2 * kHuge) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, rounded);
+  if (p) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: ignored where THP is off
+  return p;
+}
+
+struct FreeLarge {
+  void operator()(void* p) const { std::free(p); }
 };
-using FloatBuffer = std::unique_ptr<float, FftwFree>;
-using ComplexBuffer = std::unique_ptr<fftwf_complex, FftwFree>;
+using FloatBuffer = std::unique_ptr<float, FreeLarge>;
+using ComplexBuffer = std::unique_ptr<fftwf_complex, FreeLarge>;
+
+// std::vector storage from AllocLarge.
+template <typename T>
+struct LargeAllocator {
+  using value_type = T;
+  LargeAllocator() = default;
+  template <typename U>
+  LargeAllocator(const LargeAllocator<U>&) {}
+  T* allocate(size_t n) {
+    void* p = AllocLarge(n * sizeof(T));
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const LargeAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const LargeAllocator<U>&) const {
+    return false;
+  }
+};
+template <typename T>
+using LargeVector = std::vector<T, LargeAllocator<T>>;
 
 struct PlanDeleter {
   void operator()(fftwf_plan_s* p) const {
@@ -40,16 +81,64 @@ struct PlanDeleter {
 };
 using Plan = std::unique_ptr<fftwf_plan_s, PlanDeleter>;
 
-FloatBuffer AllocFloat(size_t n) { return FloatBuffer(fftwf_alloc_real(n)); }
-ComplexBuffer AllocComplex(size_t n) { return ComplexBuffer(fftwf_alloc_complex(n)); }
+FloatBuffer AllocFloat(size_t n) { return FloatBuffer(static_cast<float*>(AllocLarge(n * 4))); }
+ComplexBuffer AllocComplex(size_t n) {
+  return ComplexBuffer(static_cast<fftwf_complex*>(AllocLarge(n * sizeof(fftwf_complex))));
+}
 
 // Signed frequency index of position i on an n-point axis.
 inline int Freq(int i, int n) { return i <= n / 2 ? i : i - n; }
+
+// Adds the CPU time of the calling thread over its scope to *acc (the per-stage profile): other
+// load on shared cores stretches wall time but hardly this; with one thread per cube (the
+// default) it is the whole cost of the stage.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+class StageTimer {
+ public:
+  explicit StageTimer(double* acc) : acc_(acc), start_(ThreadCpuSeconds()) {}
+  ~StageTimer() { *acc_ += ThreadCpuSeconds() - start_; }
+
+ private:
+  double* acc_;
+  double start_;
+};
+
+// x (cell units, any value) wrapped into [0, g) as a float that is strictly below g.
+inline float WrapCell(double x, int g) {
+  x -= g * std::floor(x / g);
+  const float f = static_cast<float>(x);
+  return f < static_cast<float>(g) ? f : 0.0f;
+}
+
+// The CIC kernel along one axis for a coordinate x in [0, g) (cell units, centres at i + 0.5):
+// cells i0 and i1 = i0 + 1 (periodic) with weights 1 - t and t.
+struct CicAxis {
+  int i0, i1;
+  float t;
+};
+inline CicAxis CicAxisOf(float x, int g) {
+  const float xs = x - 0.5f;
+  const float f = std::floor(xs);
+  int i0 = static_cast<int>(f);
+  CicAxis c{i0, i0 + 1, xs - f};
+  if (c.i0 < 0) c.i0 += g;
+  if (c.i1 >= g) c.i1 -= g;
+  return c;
+}
 
 std::string Num(double v) {
   std::ostringstream s;
   s << v;
   return s.str();
+}
+
+Status VoxelOverflow(uint64_t index, int channel) {
+  return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
+                         std::to_string(channel) + " has a voxel with more than 32767 particles");
 }
 
 }  // namespace
@@ -73,6 +162,14 @@ StatusOr<Displacement> ParseDisplacement(const std::string& name) {
   if (name == "2lpt") return Displacement::k2Lpt;
   if (name == "pm") return Displacement::kPm;
   return InvalidArgumentError("displacement '" + name + "' is not one of za, 2lpt, pm");
+}
+
+const char* PmGradientName(PmGradient g) { return g == PmGradient::kSpectral ? "ik" : "fd4"; }
+
+StatusOr<PmGradient> ParsePmGradient(const std::string& name) {
+  if (name == "fd4") return PmGradient::kFiniteDifference;
+  if (name == "ik") return PmGradient::kSpectral;
+  return InvalidArgumentError("pm gradient '" + name + "' is not one of fd4, ik");
 }
 
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name) {
@@ -108,6 +205,8 @@ Status UniverseOptions::Validate() const {
       return InvalidArgumentError("pm initial redshift = " + Num(pm_initial_redshift) +
                                   ": must be in (0, 1000)");
     }
+    if (pm_mesh_factor != 1 && pm_mesh_factor != 2)
+      return InvalidArgumentError("pm mesh factor = " + Num(pm_mesh_factor) + ": must be 1 or 2");
     if (particles_per_side > 0 && particles_per_side != side) {
       return InvalidArgumentError("particles per side = " + Num(particles_per_side) +
                                   ": the particle mesh needs one particle per voxel (= side)");
@@ -133,12 +232,14 @@ struct UniverseGenerator::Impl {
   FloatBuffer psi1[3], psi2[3];  // displacements in Mpc/h
   Plan r2c, c2r;
   std::vector<double> amplitude;  // sqrt(P(k)/dV)/n^3 indexed by integer |k/k_f|^2
+  double stage_seconds[UniverseGenerator::kNumStages] = {};
+  double* Stage(UniverseGenerator::Stage s) { return &stage_seconds[s]; }
 
-  // Visits every stored mode (i, j, k) of the r2c half-space with signed frequencies and its
-  // flat index, in parallel.
+  // Visits every stored mode (i, j, k) of the r2c half-space of an nn^3 grid with signed
+  // frequencies and its flat index, in parallel.
   template <typename Visit>
-  void ForEachMode(Visit visit) {
-    const int nn = n, ncc = nc;
+  void ForEachModeOf(int nn, Visit visit) {
+    const int ncc = nn / 2 + 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int i = 0; i < nn; ++i) {
       const int fi = Freq(i, nn);
@@ -148,6 +249,10 @@ struct UniverseGenerator::Impl {
       }
     }
   }
+  template <typename Visit>
+  void ForEachMode(Visit visit) {
+    ForEachModeOf(n, visit);
+  }
 
   // dst = c2r(src * f(kx, ky, kz)), where f returns a real factor and `odd` says that the factor
   // is multiplied by i (first derivatives). Frequencies are signed integers (units of k_f).
@@ -155,8 +260,13 @@ struct UniverseGenerator::Impl {
   // Hermitian partner, so keeping it would leave an imaginary part that c2r silently drops.
   template <typename Factor>
   void Derived(const fftwf_complex* src, float* dst, bool odd, Factor f) {
-    fftwf_complex* out = scratch_k.get();
-    ForEachMode([&](int fi, int fj, int fk, size_t idx) {
+    DerivedOn(n, scratch_k.get(), c2r.get(), src, dst, odd, f);
+  }
+  // The same on any grid: nn^3, its c2r plan and a scratch half-space.
+  template <typename Factor>
+  void DerivedOn(int nn, fftwf_complex* out, fftwf_plan_s* plan, const fftwf_complex* src,
+                 float* dst, bool odd, Factor f) {
+    ForEachModeOf(nn, [&](int fi, int fj, int fk, size_t idx) {
       const float re = src[idx][0], im = src[idx][1];
       const float c = static_cast<float>(f(fi, fj, fk));
       if (odd) {  // i c (re + i im) = -c im + i c re
@@ -167,10 +277,11 @@ struct UniverseGenerator::Impl {
         out[idx][1] = c * im;
       }
     });
-    fftwf_execute_dft_c2r(c2r.get(), out, dst);
+    fftwf_execute_dft_c2r(plan, out, dst);
   }
 
   void Colour(const Cosmology& cosmology, double box, uint64_t seed, uint64_t index) {
+    StageTimer timer(Stage(UniverseGenerator::kNoise));
     const uint64_t key = StreamKey(seed, index, RandomStream::kWhiteNoise);
     float* w = real.get();
     // Grid points 2q and 2q+1 take the two deviates of counter q (n^3 is even).
@@ -221,6 +332,7 @@ struct UniverseGenerator::Impl {
 
   // Psi1 (and Psi2) from field_k; field_k is consumed by 2LPT.
   void Displacements(double box, bool second_order) {
+    StageTimer timer(Stage(UniverseGenerator::kLpt));
     const double kf = 2 * M_PI / box;
     const int half = n / 2;
     const fftwf_complex* src = field_k.get();
@@ -278,78 +390,89 @@ struct UniverseGenerator::Impl {
   // do not depend on the order of addition, so the result is the same for any thread count
   // (float partial sums would differ in the last bit, and the particle mesh amplifies that).
   static constexpr int64_t kMassOne = int64_t{1} << 24;
-  std::vector<int64_t> mass_grids;  // one per thread
-  std::vector<float> mass;          // the summed grid, in particles
+  static constexpr float kMassOneF = static_cast<float>(kMassOne);
+  LargeVector<int64_t> mass_grids;  // one per thread
+  LargeVector<float> mass;          // the summed grid, in particles
 
-  // Adds one particle at (x, y, w) in cell units to `grid` (g^3 cells): NGP, or CIC (the particle
-  // as a cell-sized cube; cell centres at integer + 0.5).
-  static inline void AssignOne(int64_t* grid, int g, bool cic, double x, double y, double w) {
-    auto wrap = [g](int64_t v) {
-      v %= g;
-      return v < 0 ? v + g : v;
-    };
+  // Adds one particle at (x, y, w), in cell units and already wrapped into [0, g), to `grid`
+  // (g^3 cells): NGP, or CIC (the particle as a cell-sized cube; cell centres at integer + 0.5).
+  // Neighbour indices wrap with a compare, not a modulo: this runs 2^21 times per mesh.
+  static inline void AssignOne(int64_t* grid, int g, bool cic, float x, float y, float w) {
     if (!cic) {
-      const int64_t a = wrap(static_cast<int64_t>(std::floor(x)));
-      const int64_t b = wrap(static_cast<int64_t>(std::floor(y)));
-      const int64_t e = wrap(static_cast<int64_t>(std::floor(w)));
+      const int64_t a = std::min(static_cast<int>(x), g - 1);
+      const int64_t b = std::min(static_cast<int>(y), g - 1);
+      const int64_t e = std::min(static_cast<int>(w), g - 1);
       grid[(a * g + b) * g + e] += kMassOne;
       return;
     }
-    const double xs = x - 0.5, ys = y - 0.5, ws = w - 0.5;
-    const double fx = std::floor(xs), fy = std::floor(ys), fw = std::floor(ws);
-    const double tx = xs - fx, ty = ys - fy, tw = ws - fw;
-    const int64_t a0 = static_cast<int64_t>(fx), b0 = static_cast<int64_t>(fy),
-                  e0 = static_cast<int64_t>(fw);
+    const CicAxis cx = CicAxisOf(x, g), cy = CicAxisOf(y, g), cw = CicAxisOf(w, g);
+    const int64_t rows[2] = {int64_t{cx.i0} * g, int64_t{cx.i1} * g};
+    const int cols[2] = {cy.i0, cy.i1}, deps[2] = {cw.i0, cw.i1};
+    const float wx[2] = {1 - cx.t, cx.t}, wy[2] = {1 - cy.t, cy.t}, ww[2] = {1 - cw.t, cw.t};
     for (int da = 0; da < 2; ++da) {
-      const int64_t a = wrap(a0 + da);
-      const double wa = da ? tx : 1 - tx;
       for (int db = 0; db < 2; ++db) {
-        const int64_t b = wrap(b0 + db);
-        const double wb = db ? ty : 1 - ty;
-        for (int de = 0; de < 2; ++de) {
-          const int64_t e = wrap(e0 + de);
-          const double we = de ? tw : 1 - tw;
-          grid[(a * g + b) * g + e] += static_cast<int64_t>(wa * wb * we * kMassOne + 0.5);
-        }
+        int64_t* line = grid + (rows[da] + cols[db]) * g;
+        const float wab = wx[da] * wy[db] * kMassOneF;
+        line[deps[0]] += static_cast<int64_t>(wab * ww[0] + 0.5f);
+        line[deps[1]] += static_cast<int64_t>(wab * ww[1] + 0.5f);
       }
     }
   }
 
-  // Sums the mass of every particle into g^3 cells; returns the grid in units of particles.
-  // pos(p, &x, &y, &w) gives particle p's position in Mpc/h.
-  template <typename Pos>
-  const float* Assign(int g, double box, bool cic, Pos pos) {
+  // Sums the mass of every particle into the per-thread grids of g^3 cells. cell(p, &x, &y, &w)
+  // gives particle p's position in cell units, in [0, g] (g itself wraps to 0 in the kernel).
+  template <typename Cell>
+  void AccumulateMass(int g, bool cic, Cell cell) {
     const int64_t cells = int64_t{g} * g * g;
     mass_grids.assign(size_t(threads) * cells, 0);
-    mass.resize(cells);
-    const double inv_cell = g / box;
     const int64_t particles = static_cast<int64_t>(real_size);
 #pragma omp parallel num_threads(threads)
     {
       int64_t* grid = mass_grids.data() + size_t(omp_get_thread_num()) * cells;
 #pragma omp for schedule(static)
       for (int64_t p = 0; p < particles; ++p) {
-        double x, y, w;
-        pos(p, &x, &y, &w);
-        AssignOne(grid, g, cic, x * inv_cell, y * inv_cell, w * inv_cell);
+        float x, y, w;
+        cell(p, &x, &y, &w);
+        AssignOne(grid, g, cic, x, y, w);
       }
     }
+  }
+
+  // dst[v] = mass in cell v (particles) * scale + offset, summed over the threads' grids.
+  void SumMass(int g, float offset, float* dst, double scale = 1.0) {
+    const int64_t cells = int64_t{g} * g * g;
     const int nt = threads;
     const int64_t* all = mass_grids.data();
-    float* out = mass.data();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t v = 0; v < cells; ++v) {
       int64_t sum = 0;
       for (int t = 0; t < nt; ++t) sum += all[size_t(t) * cells + v];
-      out[v] = static_cast<float>(static_cast<double>(sum) / kMassOne);
+      dst[v] = static_cast<float>(static_cast<double>(sum) / kMassOne * scale) + offset;
     }
-    return out;
+  }
+
+  // The grid of g^3 cells in units of particles. pos(p, &x, &y, &w) gives particle p's position
+  // in Mpc/h (any value: it is wrapped here).
+  template <typename Pos>
+  const float* Assign(int g, double box, bool cic, Pos pos) {
+    const double inv_cell = g / box;
+    AccumulateMass(g, cic, [&](int64_t p, float* x, float* y, float* w) {
+      double px, py, pw;
+      pos(p, &px, &py, &pw);
+      *x = WrapCell(px * inv_cell, g);
+      *y = WrapCell(py * inv_cell, g);
+      *w = WrapCell(pw * inv_cell, g);
+    });
+    mass.resize(int64_t{g} * g * g);
+    SumMass(g, 0.0f, mass.data());
+    return mass.data();
   }
 
   // Counts the particles at pos() into dst[side^3] as int16. Returns false if a voxel exceeds the
   // int16 range.
   template <typename Pos>
   bool DepositWith(const UniverseOptions& o, double box, Pos pos, int16_t* dst) {
+    StageTimer timer(Stage(UniverseGenerator::kCounts));
     const int side = o.side;
     const int64_t voxels = int64_t{side} * side * side;
     const float* g = Assign(side, box, o.assignment == MassAssignment::kCic, pos);
@@ -398,89 +521,195 @@ struct UniverseGenerator::Impl {
   }
 
   // ---- particle-mesh N-body (displacement kPm) ----
-  std::vector<float> pos[3], mom[3];  // comoving position (Mpc/h, in [0, L)) and momentum a^2 dx/dt
+  LargeVector<float> pos[3], mom[3];  // comoving position (Mpc/h, in [0, L)) and momentum a^2 dx/dt
 
-  // Gravitational acceleration -grad phi on the particle grid's mesh, into psi2[0..2], with
-  // laplacian phi = 1.5 Omega_M delta / a (H0 = 1 units), delta from CIC of the particles.
-  void Forces(double box, double omega_m, double a) {
-    const float* rho = Assign(n, box, true, [&](int64_t p, double* x, double* y, double* w) {
-      *x = pos[0][p];
-      *y = pos[1][p];
-      *w = pos[2][p];
-    });
-    // Mean density is one particle per mesh cell (mesh = particle grid): delta = rho - 1.
-    float* d = real.get();
-    const int64_t total = static_cast<int64_t>(real_size);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t v = 0; v < total; ++v) d[v] = rho[v] - 1.0f;
-    fftwf_execute_dft_r2c(r2c.get(), d, field_k.get());
+  // Gravitational acceleration -grad phi on the particle grid's mesh, into `force` (x, y, z
+  // interleaved per cell, so that a CIC gather touches 8 short runs), with laplacian phi =
+  // 1.5 Omega_M delta / a (H0 = 1 units), delta from CIC of the particles. The gradient is a
+  // 4-point finite difference of phi (one inverse FFT; pyCOLA's force is a 4-point difference of
+  // the potential too) or the exact i k (three inverse FFTs).
+  LargeVector<float> force;
+  // The force mesh: the particle grid's own buffers and plans (pm_mesh_factor 1), or a finer
+  // mesh of its own (factor 2: 8x the cells, for force resolution studies).
+  int g = 0;
+  size_t mesh_size = 0;
+  float* mesh_real = nullptr;
+  fftwf_complex *mesh_k = nullptr, *mesh_scratch = nullptr;
+  fftwf_plan_s *mesh_r2c = nullptr, *mesh_c2r = nullptr;
+  FloatBuffer fine_real;
+  ComplexBuffer fine_k, fine_scratch;
+  Plan fine_r2c, fine_c2r;
+
+  void Forces(double box, double omega_m, double a, PmGradient gradient) {
+    float* d = mesh_real;
+    {
+      StageTimer timer(Stage(UniverseGenerator::kMeshDensity));
+      // Positions are in [0, box) already: no wrapping needed.
+      const float inv_cell = static_cast<float>(g / box);
+      const float *px = pos[0].data(), *py = pos[1].data(), *pz = pos[2].data();
+      AccumulateMass(g, true, [&](int64_t p, float* x, float* y, float* w) {
+        *x = px[p] * inv_cell;
+        *y = py[p] * inv_cell;
+        *w = pz[p] * inv_cell;
+      });
+      // delta = rho / mean - 1; the mean is N / g^3 particles per mesh cell.
+      SumMass(g, -1.0f, d, static_cast<double>(mesh_size) / static_cast<double>(real_size));
+    }
+    force.resize(3 * mesh_size);
+    StageTimer timer(Stage(UniverseGenerator::kMeshFft));
+    fftwf_execute_dft_r2c(mesh_r2c, d, mesh_k);
     const double kf = 2 * M_PI / box;
-    const int half = n / 2;
-    const double scale = 1.5 * omega_m / a / static_cast<double>(real_size);
+    const double scale = 1.5 * omega_m / a / static_cast<double>(mesh_size);
+    if (gradient == PmGradient::kFiniteDifference) {
+      // phi = -(1.5 Omega_M / a) delta / k^2.
+      DerivedOn(g, mesh_scratch, mesh_c2r, mesh_k, d, false, [&](int fi, int fj, int fk) {
+        const int m = fi * fi + fj * fj + fk * fk;
+        return m == 0 ? 0.0 : -scale / (kf * kf * m);
+      });
+      StageTimer gradient_timer(Stage(UniverseGenerator::kMeshGradient));
+      FiniteDifferenceForce(d, box / g);
+      return;
+    }
+    const int half = g / 2;
     for (int c = 0; c < 3; ++c) {
       // F = -grad phi = i k (1.5 Omega_M / a) delta / k^2.
-      Derived(field_k.get(), psi2[c].get(), true, [&](int fi, int fj, int fk) {
+      DerivedOn(g, mesh_scratch, mesh_c2r, mesh_k, d, true, [&](int fi, int fj, int fk) {
         const int kc = c == 0 ? fi : c == 1 ? fj : fk;
         const int m = fi * fi + fj * fj + fk * fk;
         if (m == 0 || std::abs(kc) == half) return 0.0;
         return kc / (kf * m) * scale;
       });
+      float* f = force.data();
+      const int64_t total = static_cast<int64_t>(mesh_size);
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t v = 0; v < total; ++v) f[3 * v + c] = d[v];
     }
   }
 
-  // mom += factor * F(pos), F interpolated from the mesh with the CIC kernel used for density
-  // (the same kernel both ways avoids self-forces).
-  void Kick(double box, double factor) {
-    const int g = n;
-    const double inv_cell = g / box;
-    const float *fx = psi2[0].get(), *fy = psi2[1].get(), *fz = psi2[2].get();
+  // force = -grad phi by the 4-point central difference (8 (f[+1] - f[-1]) - (f[+2] - f[-2])) /
+  // (12 h) along each axis, periodic; h is the cell size in Mpc/h.
+  void FiniteDifferenceForce(const float* phi, double h) {
+    std::vector<int> p1(g), p2(g), m1(g), m2(g);
+    for (int i = 0; i < g; ++i) {
+      p1[i] = (i + 1) % g;
+      p2[i] = (i + 2) % g;
+      m1[i] = (i + g - 1) % g;
+      m2[i] = (i + g - 2) % g;
+    }
+    const float c1 = static_cast<float>(8.0 / (12.0 * h)),
+                c2 = static_cast<float>(1.0 / (12.0 * h));
+    float* out = force.data();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int i = 0; i < g; ++i) {
+      for (int j = 0; j < g; ++j) {
+        auto line = [&](int a, int b) { return phi + (size_t(a) * g + b) * g; };
+        const float *row = line(i, j), *xp1 = line(p1[i], j), *xp2 = line(p2[i], j),
+                    *xm1 = line(m1[i], j), *xm2 = line(m2[i], j), *yp1 = line(i, p1[j]),
+                    *yp2 = line(i, p2[j]), *ym1 = line(i, m1[j]), *ym2 = line(i, m2[j]);
+        float* f = out + 3 * (size_t(i) * g + j) * g;
+        for (int k = 0; k < g; ++k) {
+          f[3 * k + 0] = c2 * (xp2[k] - xm2[k]) - c1 * (xp1[k] - xm1[k]);
+          f[3 * k + 1] = c2 * (yp2[k] - ym2[k]) - c1 * (yp1[k] - ym1[k]);
+          f[3 * k + 2] = c2 * (row[p2[k]] - row[m2[k]]) - c1 * (row[p1[k]] - row[m1[k]]);
+        }
+      }
+    }
+  }
+
+  // The force mesh of `factor`^3 cells per particle (see g above).
+  Status SetUpMesh(int factor) {
+    g = n * factor;
+    mesh_size = size_t(g) * g * g;
+    if (factor == 1) {
+      mesh_real = real.get();
+      mesh_k = field_k.get();
+      mesh_scratch = scratch_k.get();
+      mesh_r2c = r2c.get();
+      mesh_c2r = c2r.get();
+      return Status::Ok();
+    }
+    const size_t complex = size_t(g) * g * (g / 2 + 1);
+    fine_real = AllocFloat(mesh_size);
+    fine_k = AllocComplex(complex);
+    fine_scratch = AllocComplex(complex);
+    if (!fine_real || !fine_k || !fine_scratch)
+      return ResourceExhaustedError("synth: cannot allocate a " + Num(g) + "^3 force mesh");
+    {
+      std::lock_guard<std::mutex> lock(PlannerMutex());
+      fftwf_plan_with_nthreads(threads);
+      fine_r2c.reset(fftwf_plan_dft_r2c_3d(g, g, g, fine_real.get(), fine_k.get(), FFTW_ESTIMATE));
+      fine_c2r.reset(
+          fftwf_plan_dft_c2r_3d(g, g, g, fine_scratch.get(), fine_real.get(), FFTW_ESTIMATE));
+    }
+    if (!fine_r2c || !fine_c2r)
+      return InternalError("synth: FFTW could not plan a " + Num(g) + "^3 mesh");
+    mesh_real = fine_real.get();
+    mesh_k = fine_k.get();
+    mesh_scratch = fine_scratch.get();
+    mesh_r2c = fine_r2c.get();
+    mesh_c2r = fine_c2r.get();
+    return Status::Ok();
+  }
+
+  // One kick-drift pass: mom += kick * F(pos), F interpolated from the mesh with the CIC kernel
+  // used for density (the same kernel both ways avoids self-forces); then pos += drift * mom,
+  // wrapped into [0, box). Fused because both are per particle: one pass over the arrays.
+  void KickDrift(double box, double kick, double drift) {
+    StageTimer timer(Stage(UniverseGenerator::kKickDrift));
+    const float inv_cell = static_cast<float>(g / box), fk = static_cast<float>(kick);
+    const float fd = static_cast<float>(drift), fbox = static_cast<float>(box);
+    const float* __restrict f = force.data();
     const int64_t particles = static_cast<int64_t>(real_size);
-    auto wrap = [g](int64_t v) {
-      v %= g;
-      return v < 0 ? v + g : v;
+    float* __restrict mx = mom[0].data(), * __restrict my = mom[1].data(), * __restrict mz = mom[2].data();
+    float* __restrict px = pos[0].data(), * __restrict py = pos[1].data(), * __restrict pz = pos[2].data();
+    // Selects, not branches, so that the loop vectorises. A step moves a particle by far less
+    // than a box (a few Mpc/h), so one add or subtract wraps it; the last select only keeps a
+    // rounding case (x + box == box in float) inside [0, box).
+    auto wrap = [fbox](float x) {
+      x = x < 0 ? x + fbox : x;
+      x = x >= fbox ? x - fbox : x;
+      return x >= 0 && x < fbox ? x : 0.0f;
     };
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t p = 0; p < particles; ++p) {
-      const double xs = pos[0][p] * inv_cell - 0.5, ys = pos[1][p] * inv_cell - 0.5,
-                   ws = pos[2][p] * inv_cell - 0.5;
-      const double bx = std::floor(xs), by = std::floor(ys), bw = std::floor(ws);
-      const double tx = xs - bx, ty = ys - by, tw = ws - bw;
-      double ax = 0, ay = 0, aw = 0;
+      const CicAxis cx = CicAxisOf(px[p] * inv_cell, g), cy = CicAxisOf(py[p] * inv_cell, g),
+                    cw = CicAxisOf(pz[p] * inv_cell, g);
+      const int64_t rows[2] = {int64_t{cx.i0} * g, int64_t{cx.i1} * g};
+      const int cols[2] = {cy.i0, cy.i1}, deps[2] = {3 * cw.i0, 3 * cw.i1};
+      const float wx[2] = {1 - cx.t, cx.t}, wy[2] = {1 - cy.t, cy.t}, ww[2] = {1 - cw.t, cw.t};
+      float ax = 0, ay = 0, aw = 0;
       for (int da = 0; da < 2; ++da) {
-        const int64_t a = wrap(static_cast<int64_t>(bx) + da);
-        const double wa = da ? tx : 1 - tx;
         for (int db = 0; db < 2; ++db) {
-          const int64_t b = wrap(static_cast<int64_t>(by) + db);
-          const double wb = db ? ty : 1 - ty;
+          const float* line = f + 3 * (rows[da] + cols[db]) * g;
+          const float wab = wx[da] * wy[db];
           for (int de = 0; de < 2; ++de) {
-            const int64_t e = wrap(static_cast<int64_t>(bw) + de);
-            const double wgt = wa * wb * (de ? tw : 1 - tw);
-            const size_t idx = (a * g + b) * g + e;
-            ax += wgt * fx[idx];
-            ay += wgt * fy[idx];
-            aw += wgt * fz[idx];
+            const float* c = line + deps[de];
+            const float wgt = wab * ww[de];
+            ax += wgt * c[0];
+            ay += wgt * c[1];
+            aw += wgt * c[2];
           }
         }
       }
-      mom[0][p] += static_cast<float>(factor * ax);
-      mom[1][p] += static_cast<float>(factor * ay);
-      mom[2][p] += static_cast<float>(factor * aw);
+      mx[p] += fk * ax;
+      my[p] += fk * ay;
+      mz[p] += fk * aw;
+      px[p] = wrap(px[p] + fd * mx[p]);
+      py[p] = wrap(py[p] + fd * my[p]);
+      pz[p] = wrap(pz[p] + fd * mz[p]);
     }
   }
 
-  // pos += factor * mom, wrapped into [0, box).
-  void Drift(double box, double factor) {
-    const int64_t particles = static_cast<int64_t>(real_size);
-    for (int c = 0; c < 3; ++c) {
-      float* x = pos[c].data();
-      const float* v = mom[c].data();
-#pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t p = 0; p < particles; ++p) {
-        double nx = x[p] + factor * v[p];
-        nx -= box * std::floor(nx / box);
-        x[p] = nx >= box ? 0.0f : static_cast<float>(nx);
-      }
-    }
+  // Counts the particle-mesh particles (at pos) into dst[side^3]; false on an int16 overflow.
+  bool DepositParticles(const UniverseOptions& o, double box, int16_t* dst) {
+    return DepositWith(
+        o, box,
+        [&](int64_t p, double* x, double* y, double* w) {
+          *x = pos[0][p];
+          *y = pos[1][p];
+          *w = pos[2][p];
+        },
+        dst);
   }
 
   // The particles at the start of the particle-mesh run: 2LPT positions x = q + d1 psi1 + d2 psi2
@@ -581,6 +810,8 @@ StatusOr<std::unique_ptr<UniverseGenerator>> UniverseGenerator::Create(
   }
   if (!m.r2c || !m.c2r)
     return InternalError("synth: FFTW could not plan a " + Num(m.n) + "^3 transform");
+  if (options.displacement == Displacement::kPm)
+    CF_RETURN_IF_ERROR(m.SetUpMesh(options.pm_mesh_factor));
   return g;
 }
 
@@ -598,6 +829,15 @@ double UniverseGenerator::SmoothingRadius(const Cosmology& cosmology, double z) 
   if (options_.smoothing >= 0) return options_.smoothing;
   return options_.NlFactor() / cosmology.NonLinearWavenumber(z);
 }
+
+const char* UniverseGenerator::StageName(Stage s) {
+  static const char* const kNames[kNumStages] = {
+      "white noise + colour", "LPT displacements", "mesh density (CIC)", "mesh FFTs",
+      "mesh gradient",        "kick + drift",      "counts (output)"};
+  return s >= 0 && s < kNumStages ? kNames[s] : "?";
+}
+
+double UniverseGenerator::StageSeconds(Stage s) const { return impl_->stage_seconds[s]; }
 
 StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t seed,
                                            uint64_t index) {
@@ -625,83 +865,89 @@ StatusOr<Cube> UniverseGenerator::Generate(const Cosmology& cosmology, uint64_t 
     const double d1 = cosmology.GrowthFactor(z);
     const double d2 = second_order ? cosmology.SecondOrderGrowthFactor(z) : 0.0;
     if (!m.Deposit(options_, box, d1, d2, cube.int16_data() + c * voxels)) {
-      return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
-                             std::to_string(c) + " has a voxel with more than 32767 particles");
+      return VoxelOverflow(index, c);
     }
   }
   return cube;
 }
 
+namespace {
+
+// The particle mesh's time factors for one cosmology (FastPM, Feng et al. 2016, eqs. 20-24), with
+// H0 = 1 and p = a^2 dx/dt: growth D1, D2, g_p(a) = a^3 E(a) dD/da (and its D2 twin) and
+// g_f(a) = 1.5 Omega_M D(a) / a.
+struct PmClock {
+  const Cosmology& cosmology;
+  double om;
+  double E(double a) const { return std::sqrt(om / (a * a * a) + 1 - om); }
+  double D1(double a) const { return cosmology.GrowthFactor(1 / a - 1); }
+  double D2(double a) const { return cosmology.SecondOrderGrowthFactor(1 / a - 1); }
+  template <typename F>
+  static double Deriv(F f, double a) {
+    const double h = 1e-4 * a;
+    return (f(a + h) - f(a - h)) / (2 * h);
+  }
+  double Gp(double a) const {
+    return a * a * a * E(a) * Deriv([this](double x) { return D1(x); }, a);
+  }
+  double Gp2(double a) const {
+    return a * a * a * E(a) * Deriv([this](double x) { return D2(x); }, a);
+  }
+  double Gf(double a) const { return 1.5 * om * D1(a) / a; }
+};
+
+}  // namespace
+
 Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t index, double box,
                                        Cube* cube) {
-  // Kick-drift-kick leapfrog in the scale factor with FastPM's modified factors (Feng et al.
-  // 2016, MNRAS 463, 2273, eqs. 20-24), which make the linear growth exact whatever the number of
-  // steps: with p = a^2 dx/dt (H0 = 1) and F = -grad phi, laplacian phi = 1.5 Omega_M delta / a,
-  //   drift  x += p(a_mid) [D(a1) - D(a0)] / g_p(a_mid),          g_p(a) = a^3 E(a) dD/da,
-  //   kick   p += F(a_r) [g_p(a1) - g_p(a0)] / g_f(a_r),          g_f(a) = 1.5 Omega_M D(a) / a,
+  // Kick-drift-kick leapfrog in the scale factor with FastPM's modified factors, which make the
+  // linear growth exact whatever the number of steps: with F = -grad phi, laplacian phi =
+  // 1.5 Omega_M delta / a,
+  //   drift  x += p(a_mid) [D(a1) - D(a0)] / g_p(a_mid),
+  //   kick   p += F(a_r) [g_p(a1) - g_p(a0)] / g_f(a_r),
   // where a_r is the time at which F was computed. Initial conditions: 2LPT at z_init.
   Impl& m = *impl_;
   const UniverseOptions& o = options_;
   const double om = cosmology.params().omega_m;
-  auto e_of = [om](double a) { return std::sqrt(om / (a * a * a) + 1 - om); };
-  auto d1 = [&](double a) { return cosmology.GrowthFactor(1 / a - 1); };
-  auto d2 = [&](double a) { return cosmology.SecondOrderGrowthFactor(1 / a - 1); };
-  auto deriv = [](auto f, double a) {
-    const double h = 1e-4 * a;
-    return (f(a + h) - f(a - h)) / (2 * h);
-  };
-  auto g_p = [&](double a) { return a * a * a * e_of(a) * deriv(d1, a); };
-  auto g_p2 = [&](double a) { return a * a * a * e_of(a) * deriv(d2, a); };
-  auto g_f = [&](double a) { return 1.5 * om * d1(a) / a; };
-
+  const PmClock t{cosmology, om};
   // Initial conditions from 2LPT (the truncation does not apply: the N-body step handles the
   // non-linear scales).
   m.Smooth(box, 0.0);
   m.Displacements(box, true);
   const double a_init = 1 / (1 + o.pm_initial_redshift);
-  const int channels = static_cast<int>(o.redshifts.size());
   const int64_t voxels = int64_t{o.side} * o.side * o.side;
-  auto overflow = [&](int c) {
-    return OutOfRangeError("synth: sample " + std::to_string(index) + " channel " +
-                           std::to_string(c) + " has a voxel with more than 32767 particles");
-  };
   // Channels at or before z_init come straight from 2LPT.
   std::vector<std::pair<double, int>> outputs;  // (a, channel) for the N-body part
-  for (int c = 0; c < channels; ++c) {
+  for (int c = 0; c < static_cast<int>(o.redshifts.size()); ++c) {
     const double a = 1 / (1 + o.redshifts[c]);
-    if (a <= a_init) {
-      if (!m.Deposit(o, box, d1(a), d2(a), cube->int16_data() + c * voxels)) return overflow(c);
-    } else {
+    if (a > a_init) {
       outputs.emplace_back(a, c);
+    } else if (!m.Deposit(o, box, t.D1(a), t.D2(a), cube->int16_data() + c * voxels)) {
+      return VoxelOverflow(index, c);
     }
   }
   if (outputs.empty()) return Status::Ok();
   std::sort(outputs.begin(), outputs.end());
   const std::vector<double> nodes = PmTimeNodes(a_init, outputs, o.pm_steps);
-  m.StartParticles(box, d1(a_init), d2(a_init), g_p(a_init), g_p2(a_init));
-  // psi2 now holds the mesh forces.
-  m.Forces(box, om, a_init);
+  m.StartParticles(box, t.D1(a_init), t.D2(a_init), t.Gp(a_init), t.Gp2(a_init));
+  m.Forces(box, om, a_init, o.pm_gradient);
+  // Kick-drift-kick, with each step's closing half-kick merged into the next step's opening one:
+  // both use the force at the shared node, so one pass over the particles does both.
+  double carried_kick = 0;
   size_t next_output = 0;
   for (size_t s = 0; s + 1 < nodes.size(); ++s) {
     const double a0 = nodes[s], a1 = nodes[s + 1], am = 0.5 * (a0 + a1);
-    m.Kick(box, (g_p(am) - g_p(a0)) / g_f(a0));
-    m.Drift(box, (d1(a1) - d1(a0)) / g_p(am));
-    if (s + 2 < nodes.size()) {  // the last node needs positions only
-      m.Forces(box, om, a1);
-      m.Kick(box, (g_p(a1) - g_p(am)) / g_f(a1));
-    }
-    while (next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9) {
+    m.KickDrift(box, carried_kick + (t.Gp(am) - t.Gp(a0)) / t.Gf(a0),
+                (t.D1(a1) - t.D1(a0)) / t.Gp(am));
+    for (; next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9;
+         ++next_output) {
       const int c = outputs[next_output].second;
-      const bool ok = m.DepositWith(
-          o, box,
-          [&](int64_t p, double* x, double* y, double* w) {
-            *x = m.pos[0][p];
-            *y = m.pos[1][p];
-            *w = m.pos[2][p];
-          },
-          cube->int16_data() + c * voxels);
-      if (!ok) return overflow(c);
-      ++next_output;
+      if (!m.DepositParticles(o, box, cube->int16_data() + c * voxels))
+        return VoxelOverflow(index, c);
+    }
+    if (s + 2 < nodes.size()) {  // the last node needs positions only
+      m.Forces(box, om, a1, o.pm_gradient);
+      carried_kick = (t.Gp(a1) - t.Gp(am)) / t.Gf(a1);
     }
   }
   return Status::Ok();

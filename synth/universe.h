@@ -19,7 +19,8 @@
 //  4'. Particle mesh (displacement pm, the default): 2LPT positions and momenta at z_init = 9,
 //     then kick-drift-kick steps in a with FastPM's factors (Feng et al. 2016, MNRAS 463, 2273),
 //     gravity from a CIC density on a mesh of one cell per voxel (Poisson equation solved by FFT,
-//     force -grad phi with the exact i k gradient, CIC interpolation back to the particles).
+//     force -grad phi by a 4-point finite difference of phi, or the exact i k gradient; CIC
+//     interpolation back to the particles).
 //     Snapshots are taken at the channel redshifts.
 //  5. Mass assignment into side^3 voxels: NGP (nearest grid point, as the CosmoFlow data are
 //     counted) or CIC (cloud in cell; Hockney & Eastwood 1981), then int16.
@@ -49,11 +50,16 @@ namespace synth {
 
 enum class Displacement { kZeldovich, k2Lpt, kPm };
 enum class MassAssignment { kNgp, kCic };
+// How the particle mesh differentiates the potential: a 4-point finite difference of phi (one
+// inverse FFT per step) or the exact spectral gradient i k phi (three).
+enum class PmGradient { kFiniteDifference, kSpectral };
 
 const char* DisplacementName(Displacement d);      // "za", "2lpt", "pm"
 const char* MassAssignmentName(MassAssignment m);  // "ngp", "cic"
 StatusOr<Displacement> ParseDisplacement(const std::string& name);
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name);
+const char* PmGradientName(PmGradient g);  // "fd4", "ik"
+StatusOr<PmGradient> ParsePmGradient(const std::string& name);
 
 inline std::vector<double> DefaultRedshifts() { return {0.0, 0.5, 1.5, 3.0}; }
 
@@ -81,9 +87,14 @@ struct UniverseOptions {
   // Particle mesh (displacement kPm): 2LPT initial conditions at pm_initial_redshift, then
   // pm_steps kick-drift-kick steps (FastPM factors) to the lowest output redshift (at least one
   // between consecutive output redshifts), forces from a CIC density on the particle grid (one
-  // mesh cell per voxel). Costs ~4 FFTs + 3 passes over the particles per step.
+  // mesh cell per voxel). Costs 2 FFTs (4 with the i k gradient) + 3 passes over the particles per
+  // step.
   int pm_steps = 10;
   double pm_initial_redshift = 9.0;
+  PmGradient pm_gradient = PmGradient::kFiniteDifference;
+  // Force mesh cells per particle-grid cell along each axis: 1 (the default) or 2 (8x the mesh
+  // cells: forces resolved to ~1 cell of the output grid instead of ~2-3, at ~8x the mesh cost).
+  int pm_mesh_factor = 1;
   double NlFactor() const {
     if (smoothing_nl_factor > 0) return smoothing_nl_factor;
     return displacement == Displacement::k2Lpt ? 0.7 : 0.5;
@@ -125,6 +136,21 @@ class UniverseGenerator {
   // A cube of shape (redshifts, side, side, side), int16 counts. Fails (OUT_OF_RANGE) if a voxel
   // would exceed 32767 particles rather than wrapping.
   StatusOr<Cube> Generate(const Cosmology& cosmology, uint64_t seed, uint64_t index);
+
+  // CPU seconds of the calling thread spent in each stage of every Generate() so far (bench_synth's
+  // profile; the whole cost with threads = 1).
+  enum Stage {
+    kNoise,
+    kLpt,
+    kMeshDensity,
+    kMeshFft,
+    kMeshGradient,
+    kKickDrift,
+    kCounts,
+    kNumStages
+  };
+  static const char* StageName(Stage s);
+  double StageSeconds(Stage s) const;
 
  private:
   UniverseGenerator() = default;

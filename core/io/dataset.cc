@@ -44,6 +44,53 @@ StatusOr<Handle> CreateParams(hid_t file, const char* name, hsize_t p) {
   return ds;
 }
 
+// A 1-D [N] float64 dataset of per-cube values, /sample/<name>.
+StatusOr<Handle> CreateSampleField(hid_t group, const std::string& name) {
+  hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {1024};
+  Handle space(H5Screate_simple(1, dims, maxdims), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_chunk(dcpl.get(), 1, chunk);
+  Handle ds(H5Dcreate2(group, name.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, dcpl.get(),
+                       H5P_DEFAULT),
+            H5Dclose);
+  if (!ds.valid()) return InternalError("cannot create /sample/" + name);
+  return ds;
+}
+
+Status AppendValue(hid_t ds, int64_t row, double value) {
+  hsize_t new_dims[1] = {hsize_t(row + 1)};
+  if (H5Dset_extent(ds, new_dims) < 0) return InternalError("cannot extend a /sample field");
+  Handle fspace(H5Dget_space(ds), H5Sclose);
+  hsize_t start[1] = {hsize_t(row)}, count[1] = {1};
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr);
+  Handle mspace(H5Screate_simple(1, count, nullptr), H5Sclose);
+  if (H5Dwrite(ds, H5T_NATIVE_DOUBLE, mspace.get(), fspace.get(), H5P_DEFAULT, &value) < 0)
+    return InternalError("cannot write a /sample field");
+  return Status::Ok();
+}
+
+Status CheckSampleFieldNames(const std::vector<std::string>& names) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i].empty() || names[i].find('/') != std::string::npos || names[i] == ".")
+      return InvalidArgumentError("sample field '" + names[i] + "' is not a plain name");
+    for (size_t j = 0; j < i; ++j)
+      if (names[j] == names[i]) return InvalidArgumentError("sample field '" + names[i] + "' given twice");
+  }
+  return Status::Ok();
+}
+
+// Creates /sample and one dataset per name; records the names in the attribute sample_fields.
+Status CreateSampleFields(hid_t file, const std::vector<std::string>& names, std::vector<Handle>* out) {
+  if (names.empty()) return Status::Ok();
+  Handle group(H5Gcreate2(file, "sample", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (!group.valid()) return InternalError("cannot create /sample");
+  for (const auto& name : names) {
+    CF_ASSIGN_OR_RETURN(Handle ds, CreateSampleField(group.get(), name));
+    out->push_back(std::move(ds));
+  }
+  return h5::WriteStringListAttr(file, "sample_fields", names);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- writer
@@ -52,6 +99,7 @@ struct DatasetWriter::Impl {
   std::string path, tmp_path;
   DatasetInfo info;
   Handle file, cubes, params, unit_params;
+  std::vector<Handle> sample_fields;  // /sample/<name>, in info.sample_fields order
   bool closed = false;
 };
 
@@ -69,6 +117,7 @@ StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(const std::string
                                 std::to_string(info.shape.channels) + " channels");
   if (options.compression_level < 0 || options.compression_level > 9)
     return InvalidArgumentError(path + ": compression level must be 0..9");
+  CF_RETURN_IF_ERROR(CheckSampleFieldNames(info.sample_fields).WithContext(path));
 
   std::unique_ptr<DatasetWriter> w(new DatasetWriter());
   w->impl_ = std::make_unique<Impl>();
@@ -98,6 +147,8 @@ StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(const std::string
   if (info.has_unit_params) {
     CF_ASSIGN_OR_RETURN(im.unit_params, CreateParams(im.file.get(), "params_unit", info.param_names.size()));
   }
+  CF_RETURN_IF_ERROR(
+      CreateSampleFields(im.file.get(), info.sample_fields, &im.sample_fields).WithContext(path));
   hid_t root = im.file.get();
   CF_RETURN_IF_ERROR(h5::WriteStringAttr(root, "schema", kSchemaName));
   CF_RETURN_IF_ERROR(h5::WriteInt64Attr(root, "schema_version", kDatasetSchemaVersion));
@@ -116,13 +167,15 @@ DatasetWriter::~DatasetWriter() {
     impl_->cubes.reset();
     impl_->params.reset();
     impl_->unit_params.reset();
+    impl_->sample_fields.clear();
     impl_->file.reset();
     std::remove(impl_->tmp_path.c_str());
   }
 }
 
 Status DatasetWriter::Append(const Cube& cube, const std::vector<float>& params,
-                             const std::vector<float>& unit_params) {
+                             const std::vector<float>& unit_params,
+                             const std::vector<double>& sample_values) {
   Guard lock(h5::Lock());
   Impl& im = *impl_;
   if (im.closed) return FailedPreconditionError(im.path + ": append after Close()");
@@ -139,6 +192,9 @@ Status DatasetWriter::Append(const Cube& cube, const std::vector<float>& params,
     return InvalidArgumentError(im.path + ": unit parameter values do not match the dataset's layout");
   for (float v : params)
     if (!std::isfinite(v)) return InvalidArgumentError(im.path + ": non-finite parameter value");
+  if (sample_values.size() != im.info.sample_fields.size())
+    return InvalidArgumentError(im.path + ": " + std::to_string(sample_values.size()) + " per-cube values for " +
+                                std::to_string(im.info.sample_fields.size()) + " sample fields");
 
   const CubeShape& s = im.info.shape;
   hsize_t new_dims[5] = {hsize_t(count_ + 1), hsize_t(s.channels), hsize_t(s.depth), hsize_t(s.height),
@@ -154,6 +210,8 @@ Status DatasetWriter::Append(const Cube& cube, const std::vector<float>& params,
   CF_RETURN_IF_ERROR(AppendRow(im.params.get(), count_, params).WithContext(im.path));
   if (im.info.has_unit_params)
     CF_RETURN_IF_ERROR(AppendRow(im.unit_params.get(), count_, unit_params).WithContext(im.path));
+  for (size_t f = 0; f < sample_values.size(); ++f)
+    CF_RETURN_IF_ERROR(AppendValue(im.sample_fields[f].get(), count_, sample_values[f]).WithContext(im.path));
   ++count_;
   return Status::Ok();
 }
@@ -165,6 +223,7 @@ Status DatasetWriter::Close() {
   im.cubes.reset();
   im.params.reset();
   im.unit_params.reset();
+  im.sample_fields.clear();
   if (H5Fflush(im.file.get(), H5F_SCOPE_GLOBAL) < 0) return InternalError(im.path + ": flush failed");
   im.file.reset();
   CF_RETURN_IF_ERROR(h5::FsyncPath(im.tmp_path));
@@ -177,8 +236,29 @@ Status DatasetWriter::Close() {
 
 // ---------------------------------------------------------------- reader
 
+namespace {
+
+// The per-cube fields named by the attribute sample_fields (none without it), each [n].
+Status OpenSampleFields(hid_t root, const std::string& path, hsize_t n, std::vector<std::string>* names,
+                        std::vector<Handle>* datasets) {
+  auto list = h5::ReadStringListAttr(root, "sample_fields");
+  if (!list.ok()) return Status::Ok();
+  *names = *list;
+  for (const auto& name : *names) {
+    CF_ASSIGN_OR_RETURN(Handle ds, h5::OpenDataset(root, "sample/" + name, path));
+    auto dims = h5::Dims(ds.get());
+    if (dims.size() != 1 || dims[0] != n)
+      return InvalidArgumentError(path + ": /sample/" + name + " must be [" + std::to_string(n) + "]");
+    datasets->push_back(std::move(ds));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 struct DatasetReader::Impl {
   Handle file, cubes, params, unit_params;
+  std::vector<Handle> sample_fields;  // in info.sample_fields order
 };
 
 StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::string& path) {
@@ -235,6 +315,7 @@ StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::string& 
     if (udims != pdims) return InvalidArgumentError(path + ": /params_unit does not match /params");
     info.has_unit_params = true;
   }
+  CF_RETURN_IF_ERROR(OpenSampleFields(root, path, cdims[0], &info.sample_fields, &im.sample_fields));
   r->size_ = static_cast<int64_t>(cdims[0]);
   return r;
 }
@@ -303,6 +384,18 @@ StatusOr<std::vector<float>> DatasetReader::ReadAllUnitParams() const {
   std::vector<float> v(size_ * info_.param_names.size());
   if (size_ > 0)
     CF_RETURN_IF_ERROR(ReadRows(impl_->unit_params.get(), path_, 0, size_, info_.param_names.size(), v.data()));
+  return v;
+}
+
+StatusOr<std::vector<double>> DatasetReader::ReadSampleField(const std::string& name) const {
+  const auto& names = info_.sample_fields;
+  const auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) return NotFoundError(path_ + ": no per-cube field /sample/" + name);
+  Guard lock(h5::Lock());
+  std::vector<double> v(size_);
+  if (size_ > 0 && H5Dread(impl_->sample_fields[it - names.begin()].get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL,
+                           H5P_DEFAULT, v.data()) < 0)
+    return DataLossError(path_ + ": cannot read /sample/" + name + " (truncated or corrupt file?)");
   return v;
 }
 

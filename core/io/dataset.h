@@ -12,6 +12,9 @@
 //     generator          string (e.g. "synth 0.1.0 seed=7", "import mlperf-tfrecord")
 //     provenance         string (free text: command line, git revision, source files)
 //   /params_unit [N, P] float32 (optional): the labels in the source's own unit scale (MLPerf unitPar).
+//   /sample/<name> [N] float64 (optional, one per name in the attribute sample_fields): a value per
+//            cube, e.g. box_size_mpc_h (when it varies from cube to cube, as with H0), group (the
+//            parent universe of a sub-cube), subcube (its position in the parent).
 //
 // Thread-safety: HDF5 (Debian's serial build) is not thread-safe; every call into this module takes
 // one process-wide lock, so readers on several threads are safe but serialised.
@@ -38,7 +41,13 @@ struct DatasetInfo {
   std::string generator;
   std::string provenance;
   bool has_unit_params = false;          // /params_unit present
+  std::vector<std::string> sample_fields;  // names of the /sample/<name> per-cube values
 };
+
+// Per-cube value names written by this project's tools.
+inline constexpr char kSampleBoxSize[] = "box_size_mpc_h";  // side of this cube in Mpc/h
+inline constexpr char kSampleGroup[] = "group";             // parent universe of a sub-cube
+inline constexpr char kSampleSubcube[] = "subcube";         // (i * n + j) * n + k in its parent
 
 struct DatasetWriteOptions {
   int compression_level = 0;  // 0 = none, 1..9 = gzip with byte shuffle
@@ -53,9 +62,11 @@ class DatasetWriter {
                                                          const DatasetWriteOptions& options = {});
   ~DatasetWriter();  // without Close(): the temporary file is removed
 
-  // `cube` must be int16 with info.shape; params has P values; unit_params P values or empty.
+  // `cube` must be int16 with info.shape; params has P values; unit_params P values or empty;
+  // sample_values one value per info.sample_fields name (or empty when there are none).
   Status Append(const Cube& cube, const std::vector<float>& params,
-                const std::vector<float>& unit_params = {});
+                const std::vector<float>& unit_params = {},
+                const std::vector<double>& sample_values = {});
   int64_t count() const { return count_; }
   // Flushes, fsyncs and renames the file into place.
   Status Close();
@@ -85,6 +96,8 @@ class DatasetReader {
   // All N x P parameter values, row-major.
   StatusOr<std::vector<float>> ReadAllParams() const;
   StatusOr<std::vector<float>> ReadAllUnitParams() const;
+  // All N values of /sample/<name>; NOT_FOUND if the shard has no such field.
+  StatusOr<std::vector<double>> ReadSampleField(const std::string& name) const;
 
  private:
   DatasetReader() = default;

@@ -90,6 +90,43 @@ TEST(DatasetTest, UnitParamsRoundTrip) {
   EXPECT_EQ(*u, (std::vector<float>{-0.5f, 0.1f, 0.9f}));
 }
 
+TEST(DatasetTest, PerCubeSampleFieldsRoundTrip) {
+  TempDir dir;
+  DatasetInfo info = Info({1, 4, 4, 4});
+  info.sample_fields = {kSampleBoxSize, kSampleGroup};
+  auto w = DatasetWriter::Create(dir / "f.h5", info);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE((*w)->Append(Pattern(info.shape, i), Params(i), {}, {100.0 + i, 7.0 * i}).ok());
+  // The wrong number of per-cube values is refused.
+  EXPECT_FALSE((*w)->Append(Pattern(info.shape, 3), Params(3), {}, {1.0}).ok());
+  EXPECT_FALSE((*w)->Append(Pattern(info.shape, 3), Params(3)).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  auto r = DatasetReader::Open(dir / "f.h5");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->info().sample_fields, info.sample_fields);
+  auto box = (*r)->ReadSampleField(kSampleBoxSize);
+  ASSERT_TRUE(box.ok());
+  EXPECT_EQ(*box, (std::vector<double>{100, 101, 102}));
+  auto group = (*r)->ReadSampleField(kSampleGroup);
+  ASSERT_TRUE(group.ok());
+  EXPECT_EQ(*group, (std::vector<double>{0, 7, 14}));
+  auto missing = (*r)->ReadSampleField("nope");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/sample/nope"), std::string::npos);
+  // A shard without fields reads as before.
+  ASSERT_TRUE(WriteShard(dir / "plain.h5", info.shape, 1).ok());
+  auto plain = DatasetReader::Open(dir / "plain.h5");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE((*plain)->info().sample_fields.empty());
+  // Names must be plain and distinct.
+  for (const auto& bad : std::vector<std::vector<std::string>>{{"a/b"}, {""}, {"x", "x"}}) {
+    DatasetInfo b = Info({1, 4, 4, 4});
+    b.sample_fields = bad;
+    EXPECT_FALSE(DatasetWriter::Create(dir / "bad.h5", b).ok());
+  }
+}
+
 TEST(DatasetTest, DirectoryOfShardsMapsGlobalIndex) {
   TempDir dir;
   const CubeShape shape{1, 6, 6, 6};

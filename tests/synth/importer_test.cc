@@ -63,6 +63,14 @@ TEST(ImporterTest, RealFilesBecomeAShardThatReadsBackExactly) {
   EXPECT_NE(info.generator.find("mlperf-tfrecord"), std::string::npos);
   auto unit = (*reader)->ReadAllUnitParams();
   ASSERT_TRUE(unit.ok());
+  // Each cube's own box side, 128 H0/70 Mpc/h (the README's H0 values: 68.04, 70.87, 69.73).
+  auto box = (*reader)->ReadSampleField(kSampleBoxSize);
+  ASSERT_TRUE(box.ok()) << box.status().ToString();
+  ASSERT_EQ(box->size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR((*box)[i], 128.0 * MlperfUnitToPhysical(3, (*unit)[i * 4 + 3]) / 70.0, 1e-4);
+  }
+  EXPECT_NEAR((*box)[0], 124.41, 0.01);
   for (int i = 0; i < 3; ++i) {
     const MlperfSample expected = DecodeFile(files[i]);
     auto cube = (*reader)->ReadCube(i);

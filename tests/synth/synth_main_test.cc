@@ -102,6 +102,59 @@ TEST(SynthCliTest, WritesShardsThatAreReproducibleAndSplittable) {
   }
 }
 
+// The mlperf preset: the MLPerf prior (p0 (1 + 0.1 u), H0 included), the box scaled by H0/70
+// per cube, four redshifts; explicit flags override it.
+TEST(SynthCliTest, MlperfPresetHasThePriorAndGeometryAndYieldsToFlags) {
+  TempDir dir("synth-cli-preset");
+  std::string err;
+  ASSERT_EQ(RunCommand(kSynth + " --preset mlperf --out " + dir / "p.h5" +
+                           " --samples 40 --side 8 --pm-steps 2 --seed 4 --threads 2 --quiet",
+                       dir / "err", &err),
+            0)
+      << err;
+  auto r = DatasetReader::Open(dir / "p.h5");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const DatasetInfo& info = (*r)->info();
+  EXPECT_EQ(info.shape, (CubeShape{4, 8, 8, 8}));  // --side overrides 128
+  EXPECT_EQ(info.param_names, (std::vector<std::string>{"Omega_M", "sigma_8", "n_s", "H0"}));
+  EXPECT_EQ(info.redshifts, (std::vector<double>{0, 0.5, 1.5, 3}));
+  EXPECT_DOUBLE_EQ(info.box_size_mpc_h, 8.0);  // 1 Mpc/h voxels at H0 = 70
+  EXPECT_NE(info.provenance.find("preset: mlperf"), std::string::npos);
+  EXPECT_NE(info.provenance.find("pm_steps=2"), std::string::npos);
+  auto params = (*r)->ReadAllParams();
+  auto box = (*r)->ReadSampleField(kSampleBoxSize);
+  ASSERT_TRUE(params.ok() && box.ok());
+  const double centre[4] = {0.3, 0.8, 0.96, 70};
+  double lo[4] = {1e9, 1e9, 1e9, 1e9}, hi[4] = {-1e9, -1e9, -1e9, -1e9};
+  for (int i = 0; i < 40; ++i) {
+    for (int p = 0; p < 4; ++p) {
+      const double u = ((*params)[i * 4 + p] / centre[p] - 1) / 0.1;
+      EXPECT_GE(u, -1.0 - 1e-5);
+      EXPECT_LE(u, 1.0 + 1e-5);
+      lo[p] = std::min(lo[p], u);
+      hi[p] = std::max(hi[p], u);
+    }
+    EXPECT_NEAR((*box)[i], 8.0 * (*params)[i * 4 + 3] / 70.0, 1e-4);
+  }
+  // 40 uniform draws span most of [-1, 1] (each end beyond +-0.7 with probability > 0.9999).
+  for (int p = 0; p < 4; ++p) {
+    EXPECT_LT(lo[p], -0.7) << p;
+    EXPECT_GT(hi[p], 0.7) << p;
+  }
+  // A fixed parameter overrides the preset's range for that parameter only.
+  ASSERT_EQ(RunCommand(kSynth + " --preset mlperf --out " + dir / "q.h5" +
+                           " --samples 3 --side 8 --pm-steps 2 --omega-m 0.31 --quiet",
+                       dir / "err", &err),
+            0)
+      << err;
+  auto q = DatasetReader::Open(dir / "q.h5");
+  ASSERT_TRUE(q.ok());
+  auto qp = (*q)->ReadAllParams();
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ((*qp)[i * 4], 0.31f);
+  EXPECT_EQ(RunCommand(kSynth + " --preset lsst --out " + dir / "x.h5", dir / "err", &err), 2);
+  EXPECT_NE(err.find("--preset 'lsst'"), std::string::npos) << err;
+}
+
 TEST(SynthCliTest, CreatesMissingParentDirectoriesAndNamesAnUnusableOne) {
   TempDir dir("synth-cli-dirs");
   const std::string common =

@@ -1,0 +1,38 @@
+#!/bin/sh
+# tools/compare_real.py on one real MLPerf cube at toy size (a 32^3 corner, 12 synthetic members):
+# the three files are imported with cosmoflow-import, compared, and the table, CSV, JSON and PNG
+# checked. Skips (status 77) when the shared data directory is absent.
+#   compare_real_test.sh SOURCE_DIR BINARY_DIR SHARED_DIR
+set -eu
+src=$1 bin=$2 shared=$3
+data="$shared/data/mlperf-cosmoflow"
+if ! ls "$data"/*.tfrecord >/dev/null 2>&1; then
+  echo "compare_real_test: no MLPerf files in $data (set up ../shared beside the checkout); skipped"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$bin/synth/cosmoflow-import" --out "$tmp/real" --quiet "$data"/*.tfrecord >/dev/null
+/usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/real/mlperf-00000000.h5" --out "$tmp/cmp" \
+  --synth "$bin/synth/synth" --indices 1 --side 32 --members 12 --pk-bins 6 --threads 2 \
+  --synth-args "--pm-steps 4" >"$tmp/table.md"
+for f in real_cubes.md real_cubes.csv real_cubes.json real-1.png; do
+  test -s "$tmp/cmp/$f" || { echo "compare_real_test: $f missing or empty"; exit 1; }
+done
+rows=$(grep -c '^| 1 (0.289, 0.826, 0.877, 70.9) |' "$tmp/table.md" || true)
+[ "$rows" -eq 4 ] || { echo "compare_real_test: expected 4 channel rows for cube 1, got $rows"; cat "$tmp/table.md"; exit 1; }
+[ "$(wc -l < "$tmp/cmp/real_cubes.csv")" -eq 5 ] || { echo "compare_real_test: CSV is not header + 4 rows"; exit 1; }
+/usr/bin/python3 - "$tmp/cmp/real_cubes.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]
+assert r["members"] == 12 and abs(r["box_mpc_h"] - 32 * 70.86983 / 70) < 1e-3, r["box_mpc_h"]
+for row in r["channels"]:
+    for key in ("pk_p", "pdf_p", "pk_p_hotelling", "pdf_p_hotelling", "skew_p"):
+        assert 0 <= row[key] <= 1, (key, row[key])
+    assert 0 <= row["empty_percentile"] <= 100
+assert len(r["correlations"]["real"]) == 4
+PY
+# A second run reuses the ensemble (same command) and a bad input fails with one line.
+/usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/nope.h5" --out "$tmp/cmp" 2>"$tmp/err" && exit 1
+[ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "nope.h5: no such file" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+echo "compare_real_test: ok"

@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""Where do the real MLPerf CosmoFlow cubes sit among synthetic universes at their own parameters?
+
+    /usr/bin/python3 tools/compare_real.py --real REAL.h5 --out DIR [--members 32] [--seed 1000]
+        [--synth build/synth/synth] [--synth-args "--pm-steps 20"] [--side S] [--indices 0,2]
+        [--kmax 1.5] [--pk-bins 10] [--taper 0] [--threads N]
+
+REAL.h5 is a shard written by cosmoflow-import (labels Omega_M, sigma_8, n_s, H0 and each cube's
+box side in /sample/box_size_mpc_h). For each real cube, `synth --preset mlperf` generates
+--members universes at that cube's true parameters (same seed, sample indices 0..M-1, so members
+differ only by their initial fields; the ensemble file is reused when its command is unchanged),
+and each channel of the real cube is tested against the ensemble:
+
+- P(k) of the count contrast (log P in --pk-bins log bins up to --kmax h/Mpc, shot noise
+  included) as ONE chi-square with the ensemble's covariance (Hartlap-corrected; the exact
+  Hotelling p-value too): cosmo_stats.ensemble_chi2;
+- the counts-in-voxel PDF (fractions in cosmo_stats.PDF_EDGES bins, the sparse tail pooled and
+  dropped: cosmo_stats.pdf_chi2), the same chi-square: voxel counts are correlated in space, so a
+  multinomial test would overstate the evidence, while the ensemble's covariance carries it;
+- the empty-voxel fraction: percentile in the ensemble and z-score;
+- the skewness of the contrast smoothed by Gaussians of 1, 2 and 4 Mpc/h: z-scores and their
+  joint chi-square;
+and, per cube, the correlation between channels (Pearson, contrasts smoothed at 2 Mpc/h) for the
+pairs (z=0, 0.5), (0.5, 1.5), (1.5, 3), (0, 3): z-scores and the joint chi-square.
+
+--side S (< the cube side) compares the corner S^3 sub-box of each real cube with S^3 synthetic
+boxes (the toy mode of the ctest test). --taper F multiplies every contrast by a 3-D Tukey
+window (cosine over a fraction F of each axis) before P(k), for a P(k) insensitive to the real
+cubes' non-periodic edges.
+
+Writes DIR/real_cubes.md (table), DIR/real_cubes.csv, DIR/real_cubes.json and one
+DIR/real-<index>.png per real cube (real P(k) and PDF over the ensemble's 2.5-97.5% band).
+Progress goes to stderr. Exit status: 0 done, 1 a failure (one line on stderr), 2 bad usage.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cosmo_stats as cs  # noqa: E402
+
+SKEW_RADII = (1.0, 2.0, 4.0)
+CORR_RADIUS = 2.0
+CORR_PAIRS = ((0, 1), (1, 2), (2, 3), (0, 3))
+P_THRESHOLD = 0.01
+
+
+class Failure(Exception):
+    pass
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    ap.add_argument("--real", required=True, help="shard from cosmoflow-import")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--members", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=1000)
+    ap.add_argument("--synth", default="build/synth/synth")
+    ap.add_argument("--synth-args", default="", help="extra synth flags (override the preset)")
+    ap.add_argument("--side", type=int, default=0, help="compare S^3 corner sub-boxes (toy mode)")
+    ap.add_argument("--indices", default="", help="real cubes to compare (default all)")
+    ap.add_argument("--kmax", type=float, default=1.5)
+    ap.add_argument("--pk-bins", type=int, default=10)
+    ap.add_argument("--taper", type=float, default=0.0)
+    ap.add_argument("--threads", type=int, default=0, help="synth --threads (default all)")
+    a = ap.parse_args(argv)
+    if a.members < a.pk_bins + 4:
+        ap.error(f"--members {a.members} is too few for {a.pk_bins} P(k) bins (need bins + 4)")
+    if not 0 <= a.taper < 1:
+        ap.error("--taper must be in [0, 1)")
+    return a
+
+
+def load_real(path, indices, side):
+    """[(index, counts (C, n, n, n), params dict, box)] from an imported shard."""
+    if not os.path.exists(path):
+        raise Failure(f"{path}: no such file")
+    with h5py.File(path, "r") as f:
+        names = [n.decode() if isinstance(n, bytes) else n for n in f.attrs["param_names"]]
+        if names != ["Omega_M", "sigma_8", "n_s", "H0"]:
+            raise Failure(f"{path}: labels {names}, expected Omega_M, sigma_8, n_s, H0 (cosmoflow-import)")
+        if "sample/box_size_mpc_h" not in f:
+            raise Failure(f"{path}: no /sample/box_size_mpc_h (import it with this cosmoflow-import)")
+        boxes = f["sample/box_size_mpc_h"][:]
+        n_cubes = f["cubes"].shape[0]
+        chosen = indices if indices else list(range(n_cubes))
+        out = []
+        for i in chosen:
+            if not 0 <= i < n_cubes:
+                raise Failure(f"{path}: cube index {i} out of range [0, {n_cubes})")
+            cube = f["cubes"][i]
+            n = cube.shape[-1]
+            s = side if side else n
+            if s > n:
+                raise Failure(f"--side {s} is larger than the real cubes ({n})")
+            params = dict(zip(names, (float(v) for v in f["params"][i])))
+            out.append((i, cube[:, :s, :s, :s], params, float(boxes[i]) * s / n))
+        return out
+
+
+def synth_command(a, params, side, out):
+    cmd = [a.synth, "--preset", "mlperf", "--out", out, "--samples", str(a.members),
+           "--seed", str(a.seed), "--side", str(side), "--quiet",
+           "--omega-m", repr(params["Omega_M"]), "--sigma-8", repr(params["sigma_8"]),
+           "--n-s", repr(params["n_s"]), "--h0", repr(params["H0"])]
+    if a.threads:
+        cmd += ["--threads", str(a.threads)]
+    return cmd + shlex.split(a.synth_args)
+
+
+def ensemble(a, index, params, side):
+    """The ensemble's counts (M, C, s, s, s) and box side, generated unless already there."""
+    path = os.path.join(a.out, f"ensemble-{index}.h5")
+    cmd = synth_command(a, params, side, path)
+    stamp = path + ".cmd"
+    if not (os.path.exists(path) and os.path.exists(stamp) and open(stamp).read() == " ".join(cmd)):
+        t0 = time.time()
+        print(f"compare_real: cube {index}: generating {a.members} universes: {' '.join(cmd)}",
+              file=sys.stderr, flush=True)
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            raise Failure(f"synth failed (status {r.returncode}): {r.stderr.strip()}")
+        with open(stamp, "w") as f:
+            f.write(" ".join(cmd))
+        print(f"compare_real: cube {index}: {a.members} universes in {time.time() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+    with h5py.File(path, "r") as f:
+        return f["cubes"][:], float(f["sample/box_size_mpc_h"][0])
+
+
+def summarise(counts, box, a, edges):
+    """Every statistic of one cube (C channels), as a dict of arrays with a channel axis first."""
+    out = {"pk": [], "k": [], "pdf": [], "empty": [], "skew": [], "mean": []}
+    deltas, dks = [], []
+    for ch in counts:
+        delta = cs.contrast(ch)
+        dk = cs.rfftn(delta)
+        deltas.append(delta)
+        dks.append(dk)
+        tapered = cs.windowed(delta, a.taper)
+        k, p, _ = cs.power_spectrum(tapered, box, edges, None if a.taper > 0 else dk)
+        out["k"].append(k)
+        out["pk"].append(p)
+        out["pdf"].append(cs.count_pdf(ch))
+        out["empty"].append(float(np.mean(ch == 0)))
+        out["skew"].append(cs.smoothed_skewness(delta, box, SKEW_RADII, dk))
+        out["mean"].append(float(ch.mean()))
+    sm = [cs.gaussian_smooth(d, box, CORR_RADIUS, dk) for d, dk in zip(deltas, dks)]
+    out["corr"] = np.array([np.corrcoef(sm[i].ravel(), sm[j].ravel())[0, 1] for i, j in CORR_PAIRS]) \
+        if len(counts) == 4 else np.zeros(0)
+    out = {key: np.asarray(v) for key, v in out.items()}
+    out["voxels"] = counts[0].size
+    return out
+
+
+def compare(real, members, redshifts):
+    """Tests of one real cube against its ensemble: one row per channel, plus the channel
+    correlations."""
+    rows = []
+    for c, z in enumerate(redshifts):
+        ens_pk = np.log(np.stack([m["pk"][c] for m in members]))
+        pk = cs.ensemble_chi2(np.log(real["pk"][c]), ens_pk)
+        ens_pdf = np.stack([m["pdf"][c] for m in members])
+        pdf = cs.pdf_chi2(real["pdf"][c], ens_pdf, real["voxels"])
+        empty = np.array([m["empty"][c] for m in members])
+        skew = np.stack([m["skew"][c] for m in members])
+        rows.append({
+            "z": z, "mean": real["mean"][c],
+            "pk_chi2": pk["chi2"], "pk_dof": pk["dof"], "pk_p": pk["p"], "pk_p_hotelling": pk["p_hotelling"],
+            "pk_ratio": (real["pk"][c] / np.exp(ens_pk.mean(axis=0))).tolist(),
+            "pk_ratio_small": float(np.mean((real["pk"][c] / np.exp(ens_pk.mean(axis=0)))[real["k"][c] > 0.5])),
+            "pdf_chi2": pdf["chi2"], "pdf_dof": pdf["dof"], "pdf_p": pdf["p"], "pdf_p_hotelling": pdf["p_hotelling"],
+            "empty": real["empty"][c], "empty_ens_mean": float(empty.mean()),
+            "empty_ens_std": float(empty.std(ddof=1)), "empty_percentile": cs.percentile(real["empty"][c], empty),
+            "empty_z": cs.zscore(real["empty"][c], empty),
+            "skew": real["skew"][c].tolist(), "skew_ens_mean": skew.mean(axis=0).tolist(),
+            "skew_z": [cs.zscore(real["skew"][c][r], skew[:, r]) for r in range(len(SKEW_RADII))],
+            "skew_p": cs.ensemble_chi2(real["skew"][c], skew)["p"],
+        })
+    corr = {}
+    if len(real["corr"]):
+        ens = np.stack([m["corr"] for m in members])
+        corr = {"pairs": [[redshifts[i], redshifts[j]] for i, j in CORR_PAIRS],
+                "real": real["corr"].tolist(), "ens_mean": ens.mean(axis=0).tolist(),
+                "z": [cs.zscore(real["corr"][q], ens[:, q]) for q in range(len(CORR_PAIRS))],
+                "p": cs.ensemble_chi2(real["corr"], ens)["p"]}
+    return rows, corr
+
+
+def flag(p):
+    return f"**{p:.2g}**" if p < P_THRESHOLD else f"{p:.2g}"
+
+
+def table(results):
+    """The markdown table: one line per real cube and channel."""
+    lines = [
+        "| cube (Omega_M, sigma_8, n_s, H0) | z | mean count | P(k) chi2/dof, p (Hotelling p) | P real / synthetic, k > 0.5 "
+        "| PDF chi2/dof, p (Hotelling p) | empty fraction: real, ensemble, percentile | skewness z at R = 1, 2, 4 Mpc/h (joint p) |",
+        "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        par = r["params"]
+        label = (f"{r['index']} ({par['Omega_M']:.3f}, {par['sigma_8']:.3f}, {par['n_s']:.3f}, "
+                 f"{par['H0']:.1f})")
+        for row in r["channels"]:
+            lines.append(
+                f"| {label} | {row['z']:g} | {row['mean']:.3f} "
+                f"| {row['pk_chi2']:.1f}/{row['pk_dof']}, {flag(row['pk_p'])} ({row['pk_p_hotelling']:.2g}) "
+                f"| {row['pk_ratio_small']:.2f} "
+                f"| {row['pdf_chi2']:.1f}/{row['pdf_dof']}, {flag(row['pdf_p'])} ({row['pdf_p_hotelling']:.2g}) "
+                f"| {row['empty']:.3f}, {row['empty_ens_mean']:.3f} +- {row['empty_ens_std']:.3f}, {row['empty_percentile']:.0f}% "
+                f"| {', '.join(f'{z:+.1f}' for z in row['skew_z'])} ({flag(row['skew_p'])}) |")
+    lines += ["", "| cube | channel pairs (z) | correlation, real | ensemble mean | z | joint p |",
+              "|---|---|---|---|---|---|"]
+    for r in results:
+        c = r["correlations"]
+        if not c:
+            continue
+        pairs = ", ".join(f"{a:g}-{b:g}" for a, b in c["pairs"])
+        lines.append(f"| {r['index']} | {pairs} | {', '.join(f'{v:.3f}' for v in c['real'])} "
+                     f"| {', '.join(f'{v:.3f}' for v in c['ens_mean'])} "
+                     f"| {', '.join(f'{v:+.1f}' for v in c['z'])} | {flag(c['p'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(results, path):
+    with open(path + ".tmp", "w") as f:
+        f.write("cube,z,mean,pk_chi2,pk_dof,pk_p,pk_p_hotelling,pk_ratio_small,pdf_chi2,pdf_dof,pdf_p,pdf_p_hotelling,"
+                "empty,empty_ens_mean,empty_ens_std,empty_percentile,skew_z_r1,skew_z_r2,skew_z_r4,skew_p\n")
+        for r in results:
+            for w in r["channels"]:
+                f.write(",".join(str(v) for v in [
+                    r["index"], w["z"], w["mean"], w["pk_chi2"], w["pk_dof"], w["pk_p"], w["pk_p_hotelling"],
+                    w["pk_ratio_small"],
+                    w["pdf_chi2"], w["pdf_dof"], w["pdf_p"], w["pdf_p_hotelling"], w["empty"],
+                    w["empty_ens_mean"], w["empty_ens_std"], w["empty_percentile"], *w["skew_z"],
+                    w["skew_p"]]) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def plot(index, params, real, members, redshifts, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    nc = len(redshifts)
+    fig, axes = plt.subplots(2, nc, figsize=(4 * nc, 7), squeeze=False)
+    centres = np.sqrt(cs.PDF_EDGES[:-1] * np.maximum(cs.PDF_EDGES[1:] - 1, cs.PDF_EDGES[:-1]))
+    centres[0] = 0.5
+    for c, z in enumerate(redshifts):
+        ens = np.stack([m["pk"][c] for m in members])
+        k = real["k"][c]
+        ax = axes[0, c]
+        ax.fill_between(k, *np.percentile(ens, [2.5, 97.5], axis=0), color="C0", alpha=0.3,
+                        label=f"synthetic, {len(members)} (95%)")
+        ax.plot(k, np.median(ens, axis=0), color="C0")
+        ax.plot(k, real["pk"][c], "k.-", label="real")
+        ax.set(xscale="log", yscale="log", xlabel="k [h/Mpc]", title=f"z = {z:g}")
+        if c == 0:
+            ax.set_ylabel("P(k) of the count contrast [(Mpc/h)^3]")
+            ax.legend(fontsize=8)
+        ens = np.stack([m["pdf"][c] for m in members])
+        ax = axes[1, c]
+        ax.fill_between(centres, *np.percentile(ens, [2.5, 97.5], axis=0), color="C0", alpha=0.3)
+        ax.plot(centres, np.median(ens, axis=0), color="C0")
+        ax.plot(centres, real["pdf"][c], "k.-")
+        ax.set(xscale="log", yscale="log", xlabel="count per voxel (bin centre; 0 at 0.5)")
+        if c == 0:
+            ax.set_ylabel("fraction of voxels")
+    fig.suptitle(f"real cube {index}: Omega_M {params['Omega_M']:.3f}, sigma_8 {params['sigma_8']:.3f}, "
+                 f"n_s {params['n_s']:.3f}, H0 {params['H0']:.1f}")
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=80)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
+
+
+def run(a):
+    os.makedirs(a.out, exist_ok=True)
+    indices = [int(v) for v in a.indices.split(",")] if a.indices else []
+    if not os.path.exists(a.real):
+        raise Failure(f"{a.real}: no such file")
+    with h5py.File(a.real, "r") as f:
+        redshifts = [float(z) for z in f.attrs["redshifts"]]
+    results = []
+    for index, counts, params, box in load_real(a.real, indices, a.side):
+        side = counts.shape[-1]
+        ens_counts, ens_box = ensemble(a, index, params, side)
+        if abs(ens_box - box) > 1e-3 * box:
+            raise Failure(f"cube {index}: ensemble box {ens_box} Mpc/h differs from the real {box}")
+        edges = cs.log_k_edges(box, a.kmax, a.pk_bins)
+        t0 = time.time()
+        real = summarise(counts, box, a, edges)
+        members = [summarise(m, box, a, edges) for m in ens_counts]
+        rows, corr = compare(real, members, redshifts)
+        print(f"compare_real: cube {index}: statistics in {time.time() - t0:.0f} s", file=sys.stderr,
+              flush=True)
+        results.append({"index": index, "params": params, "box_mpc_h": box, "channels": rows,
+                        "correlations": corr, "k": real["k"][0].tolist(), "members": a.members})
+        plot(index, params, real, members, redshifts, os.path.join(a.out, f"real-{index}.png"))
+    command = " ".join(shlex.quote(v) for v in sys.argv)
+    md = f"Command: `{command}`\n\n" + table(results)
+    for name, text in (("real_cubes.md", md), ("real_cubes.json", json.dumps(
+            {"command": command, "results": results}, indent=1))):
+        with open(os.path.join(a.out, name + ".tmp"), "w") as f:
+            f.write(text)
+        os.replace(os.path.join(a.out, name + ".tmp"), os.path.join(a.out, name))
+    write_csv(results, os.path.join(a.out, "real_cubes.csv"))
+    sys.stdout.write(md)
+
+
+def main(argv):
+    a = parse_args(argv)
+    try:
+        run(a)
+    except (Failure, OSError, ValueError, KeyError) as e:
+        print(f"compare_real: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
