@@ -233,7 +233,10 @@ def plot_uncertainty(names, true, prior, reports, out):
     for j, n in enumerate(names):
         ax = axes[j] if len(names) > 1 else axes
         lo, hi = cal.interval(mean[show, j], sigma[show, j], *prior[j], 0.683)
-        ax.errorbar(true[show, j], mean[show, j], yerr=[mean[show, j] - lo, hi - mean[show, j]], fmt="o", ms=2,
+        # A mean outside the prior range lies outside its truncated interval: the bar then starts at
+        # the mean's side of the range (no negative lengths).
+        yerr = [np.maximum(mean[show, j] - lo, 0), np.maximum(hi - mean[show, j], 0)]
+        ax.errorbar(true[show, j], mean[show, j], yerr=yerr, fmt="o", ms=2,
                     lw=0.5, alpha=0.6, label="68.3% interval (truncated to the prior)")
         ax.plot(prior[j], prior[j], "k--", lw=1)
         ax.set_xlabel(f"true {n}")
