@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -30,7 +31,8 @@ enum ExitCode {
   kExitInput = 3,        // the cube file cannot be read or does not match --shape/--dtype
   kExitUnavailable = 4,  // no server at --address, TLS handshake failed, server shutting down
   kExitRejected = 5,     // the server refused the request (INVALID_ARGUMENT, FAILED_PRECONDITION,
-                         // RESOURCE_EXHAUSTED, OUT_OF_RANGE, UNAUTHENTICATED, PERMISSION_DENIED)
+                         // RESOURCE_EXHAUSTED, OUT_OF_RANGE, UNAUTHENTICATED, PERMISSION_DENIED,
+                         // UNIMPLEMENTED: e.g. reload on a server without --enable-admin)
   kExitDeadline = 6,     // --timeout passed
   kExitNotServing = 7,   // health: the server answers but is not SERVING
 };
@@ -54,6 +56,7 @@ int ExitCodeFor(const grpc::Status& s) {
     case grpc::StatusCode::OUT_OF_RANGE:
     case grpc::StatusCode::UNAUTHENTICATED:
     case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNIMPLEMENTED:
       return kExitRejected;
     default:
       return kExitOther;
@@ -411,6 +414,38 @@ int RunPredict(const CallOptions& call) {
   return kExitOk;
 }
 
+// The admin token for `reload`: the first line of --admin-token-file, without trailing space (the
+// same file the server reads). Not a flag value: command lines are visible to every local user.
+int ReadAdminToken(const Flags& flags, std::string* token) {
+  if (!flags.Has("admin-token-file")) return kExitOk;
+  auto text = ReadText(flags.Get("admin-token-file"), "admin token file");
+  if (!text.ok()) return Fail(kExitInput, text.status().message());
+  *token = *text;
+  while (!token->empty() && std::isspace(static_cast<unsigned char>(token->back())))
+    token->pop_back();
+  if (token->empty()) return Fail(kExitInput, "the admin token file is empty");
+  return kExitOk;
+}
+
+int RunReload(const CallOptions& call) {
+  std::string token;
+  if (int code = ReadAdminToken(call.flags, &token); code != kExitOk) return code;
+  std::shared_ptr<grpc::Channel> channel;
+  if (int code = Connect(call, &channel); code != kExitOk) return code;
+  grpc::ClientContext ctx;
+  SetDeadline(call, &ctx);
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  auto stub = v1::CosmoFlow::NewStub(channel);
+  v1::ReloadModelRequest request;
+  request.set_checkpoint_path(call.flags.Get("checkpoint-path"));
+  v1::ReloadModelResponse resp;
+  grpc::Status s = stub->ReloadModel(&ctx, request, &resp);
+  if (!s.ok()) return RpcFail(s);
+  if (!call.json) std::cout << (resp.changed() ? "reloaded" : "unchanged (already serving)") << "\n";
+  PrintModelInfo(resp.model(), call.json);
+  return kExitOk;
+}
+
 // The subcommands: name, their lines of the usage text, handler (returns the exit code).
 struct Command {
   const char* name;
@@ -426,6 +461,10 @@ constexpr Command kCommands[] = {
      RunPredict},
     {"info", "  info     [--json]        model version, spec, outputs, input shape\n", RunInfo},
     {"health", "  health   [--service S]   exit 0 if SERVING, 7 if not\n", RunHealth},
+    {"reload",
+     "  reload   [--checkpoint-path P] [--admin-token-file FILE] [--json]\n"
+     "           load P (under the server's checkpoint root; default: its --checkpoint)\n",
+     RunReload},
 };
 
 constexpr char kFlagsUsage[] = R"(flags:
@@ -472,7 +511,8 @@ int main(int argc, char** argv) {
                {"dataset", true},         {"index", true},      {"raw", true},
                {"shape", true},           {"dtype", true},      {"layout", true},
                {"json", false},           {"request-id", true}, {"model-version", true},
-               {"service", true},         {"help", false}});
+               {"service", true},         {"checkpoint-path", true},
+               {"admin-token-file", true}, {"help", false}});
   if (Status s = flags.Parse(argc, argv); !s.ok())
     return Fail(kExitUsage, s.message() + " (see --help)");
   if (flags.Has("help")) {

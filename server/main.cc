@@ -33,6 +33,11 @@ constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
   --watch-interval-ms MS     poll the checkpoint directory's LATEST (default 1000; 0 = off)
   --drain-timeout-s S        on SIGTERM, how long in-flight requests may take (default 30)
   --tls-cert PEM --tls-key PEM [--tls-client-ca PEM]   TLS (client certificates required with a CA)
+  --enable-admin             accept ReloadModel (off by default), with at least one credential:
+  --admin-token-file FILE    a bearer token (one line, >= 16 characters, not readable by others)
+  --admin-client-cert-name NAME  a client certificate with this CN or SAN (needs --tls-client-ca)
+  --admin-checkpoint-root DIR    ReloadModel may only name checkpoints under DIR (default: the
+                             --checkpoint directory, or the directory holding the --checkpoint file)
   --port-file FILE           write the bound gRPC port there once listening
   --metrics-port-file FILE   write the bound metrics port there
 Signals: SIGHUP reloads the checkpoint; SIGTERM/SIGINT drain and exit.
@@ -60,6 +65,15 @@ int UsageError(const std::string& message) {
   return 2;
 }
 
+// The --enable-admin and --admin-* flags; a combination that cannot work is a usage error.
+cosmoflow::Status ParseAdminFlags(const cosmoflow::Flags& flags, cosmoflow::ServerOptions* options) {
+  options->admin.enabled = flags.Has("enable-admin");
+  options->admin.token_file = flags.Get("admin-token-file");
+  options->admin.client_cert_name = flags.Get("admin-client-cert-name");
+  options->admin.checkpoint_root = flags.Get("admin-checkpoint-root");
+  return cosmoflow::CheckAdminOptions(options->admin, !options->tls_client_ca.empty());
+}
+
 // Parses the flags into *cl. Returns the exit code when the program ends here (--help, bad flags).
 std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   using namespace cosmoflow;
@@ -78,6 +92,10 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
                {"tls-cert", true},
                {"tls-key", true},
                {"tls-client-ca", true},
+               {"enable-admin", false},
+               {"admin-token-file", true},
+               {"admin-client-cert-name", true},
+               {"admin-checkpoint-root", true},
                {"port-file", true},
                {"metrics-port-file", true},
                {"help", false}});
@@ -97,6 +115,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   options.tls_cert = flags.Get("tls-cert");
   options.tls_key = flags.Get("tls-key");
   options.tls_client_ca = flags.Get("tls-client-ca");
+  if (Status s = ParseAdminFlags(flags, &options); !s.ok()) return UsageError(s.message());
   auto max_batch = flags.GetInt("max-batch", 4);
   auto delay_ms = flags.GetDouble("max-queue-delay-ms", -1);
   auto max_queue = flags.GetInt("max-queue", 64);

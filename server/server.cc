@@ -273,18 +273,30 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
                                         v1::ReloadModelResponse* response) override {
     const auto start = Clock::now();
     auto* reactor = ctx->DefaultReactor();
+    // Credentials first, then the path, both before any file is opened (server/admin.h).
+    const Status authorized = server_->admin_.Authorize(*ctx);
+    StatusOr<std::string> path =
+        authorized.ok() ? server_->admin_.ResolveCheckpoint(request->checkpoint_path())
+                        : StatusOr<std::string>(authorized);
+    if (!path.ok()) {
+      const grpc::Status status = ToGrpcStatus(path.status());
+      CF_LOG(WARNING) << "ReloadModel refused (" << CodeName(status.error_code())
+                      << ") from " << ctx->peer();
+      Record("ReloadModel", status, start);
+      reactor->Finish(status);
+      return reactor;
+    }
     // Loading builds and warms up networks: seconds of compute, so it runs on the reload thread.
-    server_->ReloadAsync(request->checkpoint_path(),
-                         [this, reactor, response, start](
-                             const StatusOr<std::shared_ptr<Model>>& model, bool changed) {
-                           grpc::Status status = ToGrpcStatus(model.status());
-                           if (model.ok()) {
-                             FillModelInfo(**model, server_->options_, response->mutable_model());
-                             response->set_changed(changed);
-                           }
-                           Record("ReloadModel", status, start);
-                           reactor->Finish(status);
-                         });
+    server_->ReloadAsync(*path, [this, reactor, response, start](
+                                    const StatusOr<std::shared_ptr<Model>>& model, bool changed) {
+      grpc::Status status = ToGrpcStatus(model.status());
+      if (model.ok()) {
+        FillModelInfo(**model, server_->options_, response->mutable_model());
+        response->set_changed(changed);
+      }
+      Record("ReloadModel", status, start);
+      reactor->Finish(status);
+    });
     return reactor;
   }
 
@@ -469,6 +481,13 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
                                 " is outside [1 KiB, 2 GiB)");
 
   std::unique_ptr<InferenceServer> server(new InferenceServer(options));
+  CF_ASSIGN_OR_RETURN(server->admin_,
+                      AdminGuard::Create(options.admin, options.checkpoint,
+                                         !options.tls_client_ca.empty() && !options.tls_cert.empty()));
+  if (server->admin_.enabled() && options.tls_cert.empty() && !options.admin.token_file.empty()) {
+    CF_LOG(WARNING) << "admin calls are enabled without TLS: the admin token crosses the network "
+                       "in the clear (use --tls-cert/--tls-key, or a loopback --address)";
+  }
   if (!options.metrics_address.empty())
     CF_RETURN_IF_ERROR(server->metrics_.StartExposer(options.metrics_address));
 

@@ -26,6 +26,7 @@
 
 #include "core/base/status.h"
 #include "core/nn/network.h"
+#include "server/admin.h"
 #include "server/batcher.h"
 #include "server/metrics.h"
 #include "server/model.h"
@@ -54,6 +55,8 @@ struct ServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  // The admin RPCs (ReloadModel): off unless enabled with a credential (server/admin.h).
+  AdminOptions admin;
 };
 
 class InferenceServer {
@@ -102,6 +105,7 @@ class InferenceServer {
   void SetServing(bool serving);
 
   ServerOptions options_;
+  AdminGuard admin_;  // set once in Start(), read-only afterwards
   Metrics metrics_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<Service> service_;

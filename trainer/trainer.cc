@@ -322,6 +322,22 @@ Status Trainer::LoadSpecAndPrecision() {
   return Status::Ok();
 }
 
+// A save killed with -9 leaves its temporary file behind (an sc18 checkpoint with Adam state is
+// ~84 MB): the dead writers' go, a live writer's (another job on this --out) stay.
+void RemoveStaleCheckpointTemporaries(const std::string& dir) {
+  for (const TemporaryCheckpointFile& f : RemoveStaleTemporaryFiles(dir)) {
+    if (f.removed) {
+      CF_LOG(INFO) << "removed stale temporary checkpoint file " << f.path << " (its writer, pid "
+                   << f.writer_pid << ", is gone)";
+    } else if (f.writer_alive) {
+      CF_LOG(WARNING) << "kept temporary checkpoint file " << f.path << ": its writer, pid "
+                      << f.writer_pid << ", is still running (another job on this --out?)";
+    } else {
+      CF_LOG(WARNING) << "cannot remove stale temporary checkpoint file " << f.path;
+    }
+  }
+}
+
 Status Trainer::OpenRunDirectory() {
   Status local;
   if (root()) {
@@ -331,6 +347,7 @@ Status Trainer::OpenRunDirectory() {
                                ": cannot create the run directory: " + ec.message())
                : Status::Ok();
     if (local.ok()) {
+      RemoveStaleCheckpointTemporaries((fs::path(opt_.out_dir) / "checkpoints").string());
       std::vector<std::string> names;
       for (const auto& o : spec_.outputs) names.push_back(o.name);
       auto log = RunLog::Open((fs::path(opt_.out_dir) / "train_log.csv").string(), names,

@@ -30,6 +30,7 @@ enum class StatusCode {
   kInternal = 13,
   kUnavailable = 14,
   kDataLoss = 15,
+  kUnauthenticated = 16,
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -65,6 +66,8 @@ inline Status UnimplementedError(std::string m) { return {StatusCode::kUnimpleme
 inline Status ResourceExhaustedError(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status UnavailableError(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status AbortedError(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
+inline Status PermissionDeniedError(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
+inline Status UnauthenticatedError(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
 
 // Holds either a value or a non-OK Status.
 template <typename T>

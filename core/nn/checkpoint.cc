@@ -2,10 +2,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
@@ -272,6 +274,50 @@ StatusOr<std::string> FindLatestCheckpoint(const std::string& dir) {
     }
   }
   return NotFoundError(dir + ": no valid checkpoint");
+}
+
+namespace {
+
+// The writer's pid if `name` is one of the temporary names WriteCheckpoint and WriteFileAtomic
+// use, else 0.
+int64_t TemporaryWriterPid(const std::string& name) {
+  size_t prefix = 0;
+  if (name.size() > 22 && name.compare(0, 5, "ckpt-") == 0 && name.compare(14, 8, ".h5.tmp.") == 0)
+    prefix = 22;
+  else if (name.compare(0, 11, "LATEST.tmp.") == 0)
+    prefix = 11;
+  if (prefix == 0 || name.size() == prefix || name.size() - prefix > 9) return 0;
+  int64_t pid = 0;
+  for (size_t i = prefix; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return 0;
+    pid = pid * 10 + (name[i] - '0');
+  }
+  return pid;
+}
+
+bool ProcessIsAlive(int64_t pid) {
+  // EPERM: it exists but belongs to someone else; only ESRCH proves it is gone.
+  return ::kill(pid_t(pid), 0) == 0 || errno != ESRCH;
+}
+
+}  // namespace
+
+std::vector<TemporaryCheckpointFile> RemoveStaleTemporaryFiles(const std::string& dir) {
+  std::vector<TemporaryCheckpointFile> found;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return found;
+  while (dirent* e = ::readdir(d)) {
+    const int64_t pid = TemporaryWriterPid(e->d_name);
+    if (pid > 0) found.push_back({dir + "/" + e->d_name, pid, false, false});
+  }
+  ::closedir(d);
+  for (auto& f : found) {
+    f.writer_alive = ProcessIsAlive(f.writer_pid);
+    if (!f.writer_alive) f.removed = ::unlink(f.path.c_str()) == 0;
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.path < b.path; });
+  return found;
 }
 
 }  // namespace cosmoflow

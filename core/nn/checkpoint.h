@@ -59,4 +59,19 @@ StatusOr<std::string> SaveCheckpointToDir(const std::string& dir, const Checkpoi
 // others newest first; corrupt ones are skipped with a warning. NotFound if none.
 StatusOr<std::string> FindLatestCheckpoint(const std::string& dir);
 
+// A temporary file of an interrupted save in a checkpoint directory:
+// "ckpt-<9 digits>.h5.tmp.<pid>" or "LATEST.tmp.<pid>", written by process <pid>.
+struct TemporaryCheckpointFile {
+  std::string path;
+  int64_t writer_pid = 0;
+  bool writer_alive = false;  // kept: the writer may still be saving
+  bool removed = false;       // the writer was gone and the file was deleted
+};
+
+// Deletes the temporary files in `dir` whose writer no longer runs (kill(pid, 0) fails with ESRCH;
+// a process of another user counts as alive) and keeps those of live writers, which may still be
+// saving. Returns every temporary file found, for the caller to log. Only this host's processes
+// are seen: a directory shared with a writer on another node must not be cleaned this way.
+std::vector<TemporaryCheckpointFile> RemoveStaleTemporaryFiles(const std::string& dir);
+
 }  // namespace cosmoflow

@@ -196,6 +196,39 @@ TEST_F(ClientTest, ErrorsAreOneLineWithDistinctExitCodes) {
   one_line(r);
 }
 
+TEST_F(ClientTest, ReloadSendsTheAdminToken) {
+  // The fixture's server has admin calls off.
+  Result r = Client("reload");
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("UNIMPLEMENTED"), std::string::npos) << r.err;
+  ServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.checkpoint = checkpoint_;
+  o.watch_interval = std::chrono::milliseconds(0);
+  o.admin.enabled = true;
+  o.admin.token_file = dir_ / "token";
+  WriteAdminToken(o.admin.token_file);
+  auto admin = InferenceServer::Start(o);
+  ASSERT_TRUE(admin.ok()) << admin.status().ToString();
+  ASSERT_TRUE((*admin)->LoadInitialModel().ok());
+  WriteTinyCheckpoint(dir_ / "b.h5", 2, 7);
+  const std::string call =
+      kClient + " --address 127.0.0.1:" + std::to_string((*admin)->port()) + " reload ";
+  r = Exec(call + "--checkpoint-path b.h5");
+  EXPECT_EQ(r.code, 5);
+  EXPECT_NE(r.err.find("UNAUTHENTICATED"), std::string::npos) << r.err;
+  WriteAdminToken(dir_ / "wrong", "not-the-admin-token-at-all");
+  r = Exec(call + "--checkpoint-path b.h5 --admin-token-file " + (dir_ / "wrong"));
+  EXPECT_EQ(r.code, 5);
+  EXPECT_NE(r.err.find("PERMISSION_DENIED"), std::string::npos) << r.err;
+  r = Exec(call + "--checkpoint-path b.h5 --admin-token-file " + (dir_ / "missing"));
+  EXPECT_EQ(r.code, 3) << r.err;
+  r = Exec(call + "--checkpoint-path b.h5 --json --admin-token-file " + (dir_ / "token"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["step"].get<int64_t>(), 7) << r.out;
+  EXPECT_EQ((*admin)->model()->checkpoint().state.step, 7);
+}
+
 TEST_F(ClientTest, DeadlineExitCode) {
   // A second server whose batches wait 2 s to fill: a 0.3 s timeout expires.
   ServerOptions o;

@@ -107,6 +107,18 @@ TEST_F(ServerProcessTest, StartUpErrorsHaveDistinctExitCodes) {
   EXPECT_EQ(run({"--address", "127.0.0.1:0"}), 2);
   EXPECT_NE(ReadFileText(dir_ / "err.log").find("--checkpoint is required"), std::string::npos);
   EXPECT_EQ(run({"--checkpoint", checkpoint_, "--max-batch", "many"}), 2);
+  // Admin flags that cannot work are usage errors; an unusable token file cannot start.
+  EXPECT_EQ(run({"--checkpoint", checkpoint_, "--enable-admin"}), 2);
+  EXPECT_NE(ReadFileText(dir_ / "err.log").find("needs a credential"), std::string::npos);
+  EXPECT_EQ(run({"--checkpoint", checkpoint_, "--admin-token-file", dir_ / "token"}), 2);
+  EXPECT_EQ(run({"--checkpoint", checkpoint_, "--enable-admin", "--admin-client-cert-name", "x"}),
+            2);
+  WriteAdminToken(dir_ / "short.token", "short");
+  EXPECT_EQ(run({"--checkpoint", checkpoint_, "--enable-admin", "--admin-token-file",
+                 dir_ / "short.token", "--address", "127.0.0.1:0", "--metrics-address", ""}),
+            3);
+  EXPECT_NE(ReadFileText(dir_ / "err.log").find("fewer than 16"), std::string::npos)
+      << ReadFileText(dir_ / "err.log");
   EXPECT_EQ(run({"--checkpoint", checkpoint_, "--address", "256.1.1.1:1", "--metrics-address", ""}),
             3);
   EXPECT_NE(ReadFileText(dir_ / "err.log").find("cannot listen"), std::string::npos)

@@ -173,6 +173,25 @@ inline std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds =
   return ctx;
 }
 
+// A token file as the admin surface wants it (mode 0600); returns the token.
+inline std::string WriteAdminToken(const std::string& path,
+                                   const std::string& token = "test-admin-token-0123456789") {
+  {
+    std::ofstream out(path);
+    out << token << "\n";
+  }
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+  return token;
+}
+
+// A client context carrying `authorization: Bearer <token>` (none when token is empty).
+inline std::unique_ptr<grpc::ClientContext> AdminContext(const std::string& token,
+                                                         double seconds = 60) {
+  auto ctx = ContextWithDeadline(seconds);
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+  return ctx;
+}
+
 inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(
     int port, const std::string& service = "") {
   auto stub = grpc::health::v1::Health::NewStub(LoopbackChannel(port));

@@ -85,6 +85,10 @@ class UncertaintyServerTest : public ::testing::Test {
     o.max_batch = 4;
     o.max_queue_delay = std::chrono::microseconds(2000);
     o.watch_interval = std::chrono::milliseconds(0);
+    // ReloadModel is admin-only: the reload test calls it with the token.
+    o.admin.enabled = true;
+    o.admin.token_file = dir_ / "admin.token";
+    token_ = WriteAdminToken(o.admin.token_file);
     auto s = InferenceServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
@@ -125,6 +129,7 @@ class UncertaintyServerTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  std::string token_;
   std::unique_ptr<InferenceServer> server_;
   std::unique_ptr<v1::CosmoFlow::Stub> stub_;
 };
@@ -210,7 +215,7 @@ TEST_F(UncertaintyServerTest, BadEnsembleReloadKeepsTheOldModelAndNamesTheProble
     v1::ReloadModelRequest req;
     req.set_checkpoint_path(path);
     v1::ReloadModelResponse resp;
-    auto ctx = ContextWithDeadline();
+    auto ctx = AdminContext(token_);
     return stub_->ReloadModel(ctx.get(), req, &resp);
   };
   // A manifest naming a member that is not there.

@@ -377,6 +377,24 @@ TEST_F(TrainerE2ETest, KillDashNineDuringSavesNeverLeavesALoadableBrokenCheckpoi
   EXPECT_TRUE(ReadCheckpoint(out + "/checkpoints/" + pointed).ok()) << pointed;
 }
 
+TEST_F(TrainerE2ETest, StartUpRemovesTemporaryFilesOfDeadWritersOnly) {
+  const std::string ckpts = dir_ + "/run/checkpoints";
+  fs::create_directories(ckpts);
+  pid_t dead = fork();  // exits at once and is reaped: its pid names no process
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string stale = ckpts + "/ckpt-000000003.h5.tmp." + std::to_string(dead);
+  const std::string live = ckpts + "/ckpt-000000004.h5.tmp." + std::to_string(getpid());
+  std::ofstream(stale) << "an interrupted save";
+  std::ofstream(live) << "a save in progress";
+  RunResult r = Train(1, dir_ + "/run", "--spec=tiny32 --batch=2 --epochs=1 --max-steps=1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(CountLines(r.err, "removed stale temporary checkpoint file " + stale), 1) << r.err;
+  EXPECT_EQ(CountLines(r.err, "kept temporary checkpoint file " + live), 1) << r.err;
+}
+
 TEST_F(TrainerE2ETest, BadInputGivesOneClearLineAndANonZeroExit) {
   fs::create_directories(dir_ + "/empty");
   fs::create_directories(dir_ + "/mixed");
