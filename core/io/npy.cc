@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <vector>
@@ -66,6 +67,9 @@ StatusOr<DType> ParseDescr(const std::string& descr, const std::string& path) {
 // shape_text is "(a, b, c)" or "(a, b, c, d)".
 StatusOr<std::vector<int64_t>> ParseDims(const std::string& shape_text, const std::string& path) {
   std::vector<int64_t> dims;
+  // FindHeaderValue returns whatever follows 'shape': (possibly nothing): only a tuple is a shape.
+  if (shape_text.size() < 2 || shape_text.front() != '(' || shape_text.back() != ')')
+    return InvalidArgumentError(path + ": malformed shape '" + shape_text + "' (expected a tuple)");
   std::string s = shape_text.substr(1, shape_text.size() - 2);
   size_t pos = 0;
   while (pos < s.size()) {
@@ -115,6 +119,14 @@ StatusOr<Cube> ReadNpy(const std::string& path, AxisLayout layout) {
   CF_ASSIGN_OR_RETURN(CubeShape shape, CubeShapeOf(dims, layout, shape_text, path));
   CF_RETURN_IF_ERROR(shape.Validate().WithContext(path));
   const size_t bytes = static_cast<size_t>(shape.elements()) * DTypeSize(dtype);
+  // Before allocating: a 100-byte file must not make us allocate the gigabytes its header claims.
+  const std::streamoff data_start = in.tellg();
+  in.seekg(0, std::ios::end);
+  const std::streamoff available = in.tellg() - data_start;
+  in.seekg(data_start);
+  if (data_start < 0 || available < std::streamoff(bytes))
+    return DataLossError(path + ": truncated .npy data (expected " + std::to_string(bytes) +
+                         " bytes, the file holds " + std::to_string(std::max<std::streamoff>(available, 0)) + ")");
   if (dims.size() == 4 && layout == AxisLayout::kChannelLast) {
     std::vector<uint8_t> buf(bytes);
     if (!in.read(reinterpret_cast<char*>(buf.data()), bytes))

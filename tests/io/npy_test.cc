@@ -97,6 +97,14 @@ TEST(NpyTest, BadInputsNameFileAndProblem) {
       {"trunc.npy", NpyBytes("<i2", "False", "(2, 2, 2)", payload.substr(0, 5)), "truncated", StatusCode::kDataLoss},
       {"magic.npy", "not numpy at all", "bad magic", StatusCode::kInvalidArgument},
       {"short.npy", "\x93NUM", "truncated", StatusCode::kDataLoss},
+      // Found by fuzz/npy_fuzzer: a 100-byte file whose header claims 1 GiB made ReadNpy allocate it first.
+      {"huge.npy", NpyBytes("<i2", "False", "(4, 1024, 1024, 128)", payload), "the file holds",
+       StatusCode::kDataLoss},
+      // Found by fuzz/npy_fuzzer: a 'shape' key with no tuple after it threw out of ReadNpy.
+      {"noshape.npy", NpyBytes("<i2", "False", "", payload), "malformed shape",
+       StatusCode::kInvalidArgument},
+      {"notuple.npy", NpyBytes("<i2", "False", "8", payload), "malformed shape",
+       StatusCode::kInvalidArgument},
   };
   for (const auto& c : cases) {
     testing::WriteAll(dir / c.name, c.bytes);
