@@ -121,4 +121,17 @@ class Batcher {
   std::thread worker_;
 };
 
+// Marks one request as being prepared for as long as it lives (Batcher::BeginPrepare/EndPrepare):
+// a handler holds one from receiving a request until it has submitted it or given up.
+class PrepareScope {
+ public:
+  explicit PrepareScope(Batcher* batcher) : batcher_(batcher) { batcher_->BeginPrepare(); }
+  ~PrepareScope() { batcher_->EndPrepare(); }
+  PrepareScope(const PrepareScope&) = delete;
+  PrepareScope& operator=(const PrepareScope&) = delete;
+
+ private:
+  Batcher* batcher_;
+};
+
 }  // namespace cosmoflow

@@ -14,6 +14,7 @@
 #include "core/base/log.h"
 #include "core/nn/ensemble.h"
 #include "proto/cosmoflow.grpc.pb.h"
+#include "server/kserve.h"
 #include "server/validate.h"
 
 namespace cosmoflow {
@@ -102,22 +103,6 @@ void FillResponse(const std::string& request_id, const InferenceResult& r, Clock
 
 // ---- the service ----
 
-namespace {
-
-// Tells the batcher a request is being validated (see max_prepare_wait); ends when
-// the handler has submitted it or given up.
-class PrepareGuard {
- public:
-  explicit PrepareGuard(Batcher* batcher) : batcher_(batcher) { batcher_->BeginPrepare(); }
-  ~PrepareGuard() { batcher_->EndPrepare(); }
-  PrepareGuard(const PrepareGuard&) = delete;
-  PrepareGuard& operator=(const PrepareGuard&) = delete;
-
- private:
-  Batcher* batcher_;
-};
-
-}  // namespace
 
 class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
  public:
@@ -160,7 +145,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       Record("Predict", s, start);
       reactor->Finish(s);
     };
-    PrepareGuard guard(server_->batcher_.get());
+    PrepareScope preparing(server_->batcher_.get());
     auto item = Prepare(*request, "request", ctx);
     if (!item.ok()) {
       finish(ToGrpcStatus(item.status()));
@@ -207,7 +192,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     auto state = std::make_shared<State>();
     state->remaining = n;
     for (int i = 0; i < n; ++i) response->add_responses();
-    PrepareGuard guard(server_->batcher_.get());
+    PrepareScope preparing(server_->batcher_.get());
     std::vector<std::unique_ptr<InferenceRequest>> items;
     for (int i = 0; i < n; ++i) {
       auto item = Prepare(request->requests(i), "requests[" + std::to_string(i) + "]", ctx);
@@ -329,7 +314,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       const auto start = Clock::now();
       std::shared_ptr<v1::PredictRequest> request = std::move(incoming_);
       incoming_ = std::make_unique<v1::PredictRequest>();
-      PrepareGuard guard(service_->server_->batcher_.get());
+      PrepareScope preparing(service_->server_->batcher_.get());
       auto item = service_->Prepare(*request, "request", ctx_);
       if (item.ok()) {
         (*item)->done = [this, request, start](const Status& s, InferenceResult&& r) {
@@ -522,6 +507,14 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, credentials, &server->port_);
   builder.RegisterService(server->service_.get());
+  KServeBackend kserve;
+  kserve.batcher = server->batcher_.get();
+  kserve.metrics = &server->metrics_;
+  kserve.max_queue = options.max_queue;
+  kserve.serving = [s = server.get()] { return s->serving_.load(); };
+  kserve.server_version = COSMOFLOW_VERSION;
+  server->kserve_service_ = MakeKServeService(std::move(kserve));
+  builder.RegisterService(server->kserve_service_.get());
   builder.SetMaxReceiveMessageSize(int(options.max_message_bytes));
   builder.SetMaxSendMessageSize(int(options.max_message_bytes));
   server->server_ = builder.BuildAndStart();
@@ -544,6 +537,8 @@ void InferenceServer::SetServing(bool serving) {
   auto* health = server_->GetHealthCheckService();
   health->SetServingStatus(serving);
   health->SetServingStatus(v1::CosmoFlow::service_full_name(), serving);
+  health->SetServingStatus("inference.GRPCInferenceService", serving);
+  serving_.store(serving);
 }
 
 InferenceServer::~InferenceServer() { Shutdown(std::chrono::milliseconds(0)); }

@@ -1,5 +1,5 @@
-// The CosmoFlow inference server: gRPC service cosmoflow.v1.CosmoFlow (proto/cosmoflow.proto) on
-// the callback API, the dynamic batcher, model (re)loading, health, reflection, TLS and metrics.
+// The CosmoFlow inference server: gRPC service cosmoflow.v1.CosmoFlow (proto/cosmoflow.proto) and
+// the KServe v2 protocol's inference.GRPCInferenceService (server/kserve.h) on the callback API, the dynamic batcher, model (re)loading, health, reflection, TLS and metrics.
 //
 // Life cycle:
 //   auto server = InferenceServer::Start(options);  // listening; health NOT_SERVING
@@ -109,6 +109,8 @@ class InferenceServer {
   Metrics metrics_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Service> kserve_service_;  // inference.GRPCInferenceService (kserve.h)
+  std::atomic<bool> serving_{false};               // the health status, for the KServe readiness
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 

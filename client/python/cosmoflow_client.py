@@ -21,6 +21,7 @@ Exit codes as cosmoflow-client: 0 ok, 1 other, 2 usage, 3 input file, 4 unavaila
 5 rejected by the server, 6 deadline exceeded, 7 not serving.
 """
 import argparse
+import importlib
 import json
 import math
 import os
@@ -36,13 +37,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_MESSAGE_BYTES = 64 << 20  # a 128^3 float32 cube is 8 MiB: above gRPC's 4 MiB default
 
 
-def _load_stubs(proto_dir=None, out_dir=None):
-    """Imports the generated modules, generating them from proto/ first if needed. Without
-    COSMOFLOW_STUBS_DIR they are generated into a temporary directory that is removed once they
-    are imported (Python keeps imported modules in memory), so nothing is left behind."""
+def load_stubs(protos, proto_dir=None, out_dir=None):
+    """The generated (<name>_pb2, <name>_pb2_grpc) modules of each proto/<name>.proto, flattened
+    into one tuple, generating them first if they cannot be imported. Without COSMOFLOW_STUBS_DIR
+    they are generated into a temporary directory that is removed once they are imported (Python
+    keeps imported modules in memory), so nothing is left behind."""
+    names = [m for p in protos for m in (p + "_pb2", p + "_pb2_grpc")]
     try:
-        import cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc  # noqa: F401
-        return cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc
+        return tuple(importlib.import_module(m) for m in names)
     except ImportError:
         pass
     proto_dir = proto_dir or os.environ.get("COSMOFLOW_PROTO_DIR") or os.path.join(_HERE, "..", "..", "proto")
@@ -52,22 +54,20 @@ def _load_stubs(proto_dir=None, out_dir=None):
     try:
         os.makedirs(out_dir, exist_ok=True)
         cmd = [sys.executable, "-m", "grpc_tools.protoc", "-I", proto_dir, "--python_out=" + out_dir,
-               "--grpc_python_out=" + out_dir, os.path.join(proto_dir, "cosmoflow.proto"),
-               os.path.join(proto_dir, "health.proto")]
+               "--grpc_python_out=" + out_dir] + [os.path.join(proto_dir, p + ".proto") for p in protos]
         subprocess.run(cmd, check=True)
         sys.path.insert(0, out_dir)
         try:
-            import cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc  # noqa: F401,F811
+            return tuple(importlib.import_module(m) for m in names)
         finally:
             if scratch:
                 sys.path.remove(out_dir)
     finally:
         if scratch:
             scratch.cleanup()
-    return cosmoflow_pb2, cosmoflow_pb2_grpc, health_pb2, health_pb2_grpc
 
 
-pb, pb_grpc, health_pb, health_grpc = _load_stubs()
+pb, pb_grpc, health_pb, health_grpc = load_stubs(["cosmoflow", "health"])
 
 
 def cube_message(cube, layout="channel_first"):

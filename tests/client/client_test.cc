@@ -136,6 +136,32 @@ TEST_F(ClientTest, PythonClientGivesTheSameNumbersAsTheCli) {
   EXPECT_TRUE(std::filesystem::is_empty(dir_ / "tmp")) << "the client left its stubs behind";
 }
 
+// The Open Inference Protocol (KServe v2 / Triton) from Python, sending what tritonclient sends,
+// gives cosmoflow-client's numbers as float32 (the protocol's output datatype).
+TEST_F(ClientTest, KServeProtocolClientGivesTheSameNumbersAsTheCli) {
+  Result cli = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(cli.code, 0) << cli.err;
+  const std::string src = COSMOFLOW_SOURCE_DIR;
+  Result py = Exec("COSMOFLOW_STUBS_DIR=" + (dir_ / "stubs") + " /usr/bin/python3 " + src +
+                   "/client/python/kserve_client.py --address " + address_ + " --npy " +
+                   (dir_ / "cube.npy"));
+  ASSERT_EQ(py.code, 0) << py.err;
+  const std::vector<double> got = JsonValues(py.out), want = JsonValues(cli.out);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], double(float(want[i]))) << i;
+  EXPECT_EQ(nlohmann::json::parse(py.out)["model_version"],
+            nlohmann::json::parse(cli.out)["model_version"]);
+  EXPECT_FALSE(nlohmann::json::parse(py.out).contains("sigma"));  // the model has no uncertainty
+
+  // A cube of the wrong side: exit 1 with the server's status on one line.
+  Result bad = Exec("/usr/bin/python3 -c \"import numpy; numpy.save('" + (dir_ / "small.npy") +
+                    "', numpy.zeros((1, 8, 8, 8), numpy.int16))\" && COSMOFLOW_STUBS_DIR=" +
+                    (dir_ / "stubs") + " /usr/bin/python3 " + src +
+                    "/client/python/kserve_client.py --address " + address_ + " --npy " +
+                    (dir_ / "small.npy"));
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.err.find("INVALID_ARGUMENT"), std::string::npos) << bad.err;
+}
+
 TEST_F(ClientTest, InfoAndHealth) {
   Result info = Client("info --json");
   ASSERT_EQ(info.code, 0) << info.err;

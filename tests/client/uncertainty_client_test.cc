@@ -96,6 +96,21 @@ TEST_F(UncertaintyClientTest, CliAndPythonCarrySigmaAndCovarianceAsServed) {
   EXPECT_EQ(pj["covariance"], j["covariance"]);
   EXPECT_EQ(pj["parameters"], j["parameters"]);
 
+  // The Open Inference Protocol client (what tritonclient sends) carries the same uncertainty,
+  // as float32: the server's doubles rounded once.
+  Result kv2 = Exec("COSMOFLOW_STUBS_DIR=" + (dir_ / "stubs") + " /usr/bin/python3 " + kSource +
+                    "/client/python/kserve_client.py --address " + address_ + " --npy " +
+                    (dir_ / "cube.npy"));
+  ASSERT_EQ(kv2.code, 0) << kv2.err;
+  const json kj = json::parse(kv2.out);
+  for (int i = 0; i < 3; ++i) {
+    const auto& p = want.parameters(i);
+    EXPECT_EQ(kj["parameters"][p.name()].get<double>(), double(float(p.value()))) << p.name();
+    EXPECT_EQ(kj["sigma"][p.name()].get<double>(), double(float(p.sigma()))) << p.name();
+    for (int k = 0; k < 3; ++k)
+      EXPECT_EQ(kj["covariance"][i][k].get<double>(), double(float(want.covariance(i * 3 + k))));
+  }
+
   // The table: "Omega_M    0.3012 ± 0.0061", sigma to two significant digits, the value to the
   // same decimal place, then the correlations.
   Result table = Client("predict --npy " + (dir_ / "cube.npy"));
