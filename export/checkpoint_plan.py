@@ -1,5 +1,6 @@
-"""Reads a CosmoFlow checkpoint (docs/formats.md, format version 1) and resolves its model spec
-into a layer plan: every layer with its input and output shape, paddings and tensor names.
+"""Reads a CosmoFlow checkpoint (docs/formats.md, format versions 1 and 2) and resolves its model
+spec into a layer plan: every layer with its input and output shape, paddings and tensor names,
+and, for a model with an uncertainty head, the head and its calibration factors.
 
 This is the one place where cosmoflow-export restates the engine's semantics (core/nn/spec.cc,
 core/nn/layer_table.cc, core/nn/checkpoint.cc); the PyTorch and ONNX writers only read the plan.
@@ -12,9 +13,15 @@ import os
 import numpy as np
 
 FORMAT_NAME = "cosmoflow-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSIONS = (1, 2)
 TRANSFORMS = ("none", "log1p", "divide_by_mean", "overdensity")
-SPEC_KEYS = {"name", "input_channels", "input_side", "input_transform", "outputs", "layers"}
+SPEC_KEYS = {"name", "input_channels", "input_side", "input_transform", "outputs", "layers", "uncertainty"}
+HEADS = ("none", "gaussian", "gaussian_full")
+
+
+def head_width(head, p):
+    """spec.h's HeadWidth: the last dense layer's units for P outputs."""
+    return {"none": p, "gaussian": 2 * p, "gaussian_full": 2 * p + p * (p - 1) // 2}[head]
 # Fields each layer type may carry (as ModelSpec::ToJson writes them) and their defaults.
 LAYER_FIELDS = {
     "conv3d": {"filters": None, "kernel": None, "stride": 1, "padding": "valid"},
@@ -72,10 +79,11 @@ def _read_tensors(root, group, path):
     return tensors
 
 
-def _payload_checksum(spec_json, state, weights, optimizer_state):
+def _payload_checksum(spec_json, calibration_json, state, weights, optimizer_state):
     """core/nn/checkpoint.cc's PayloadChecksum: CRC-32C over the same bytes in the same order."""
     crc32c = _crc32c_function()
-    parts = [spec_json.encode(), np.array(state[:4], dtype="<i8").tobytes(), state[4].encode()]
+    parts = [spec_json.encode(), calibration_json.encode(), np.array(state[:4], dtype="<i8").tobytes(),
+             state[4].encode()]
     for name, data in weights + optimizer_state:
         shape = data.shape if data.ndim > 0 else (1,)
         parts += [name.encode(), np.array(shape, dtype="<i8").tobytes(), data.tobytes()]
@@ -104,29 +112,37 @@ def _read_open_checkpoint(f, path):
     if "format" not in f.attrs or _attr(f, "format", path) != FORMAT_NAME:
         raise ExportError(f"{path}: not a CosmoFlow checkpoint (attribute format='{FORMAT_NAME}' missing)")
     version = int(_attr(f, "format_version", path))
-    if version != FORMAT_VERSION:
-        raise ExportError(f"{path}: checkpoint format version {version}, this exporter reads version "
-                          f"{FORMAT_VERSION}")
+    if version not in FORMAT_VERSIONS:
+        raise ExportError(f"{path}: checkpoint format version {version}, this exporter reads versions "
+                          f"{', '.join(map(str, FORMAT_VERSIONS))}")
     stored = _attr(f, "checksum", path)
     spec_json = _attr(f, "spec_json", path)
+    calibration_json = _attr(f, "calibration_json", path) if "calibration_json" in f.attrs else ""
     state = [int(_attr(f, k, path)) for k in ("step", "epoch", "samples_seen", "rng_seed")]
     state.append(str(_attr(f, "optimizer", path)))
     weights = _read_tensors(f, "weights", path)
     optimizer_state = _read_tensors(f, "optimizer", path)
-    actual = _payload_checksum(spec_json, state, weights, optimizer_state)
+    actual = _payload_checksum(spec_json, calibration_json, state, weights, optimizer_state)
     if actual != stored:
         raise ExportError(f"{path}: checksum mismatch (stored {stored}, computed {actual}): the checkpoint is corrupt")
     try:
         spec = json.loads(spec_json)
     except ValueError as e:
         raise ExportError(f"{path}: invalid model spec in checkpoint: {e}") from e
+    try:
+        calibration = json.loads(calibration_json) if calibration_json else None
+    except ValueError as e:
+        raise ExportError(f"{path}: invalid calibration_json in checkpoint: {e}") from e
     return {"path": path, "spec": spec, "spec_json": spec_json, "weights": dict(weights), "step": state[0],
-            "epoch": state[1], "checksum": actual}
+            "epoch": state[1], "checksum": actual, "calibration": calibration}
 
 
 def resolve_checkpoint(path, warn):
     """A checkpoint file, or a checkpoint directory's newest valid one (LATEST first, then the
     others newest first, skipping corrupt ones with a warning), as FindLatestCheckpoint does."""
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "ensemble.json")):
+        raise ExportError(f"{path}: an ensemble (ensemble.json): export one member's checkpoints "
+                          f"({path}/members/m<k>/checkpoints); the exporter writes single networks")
     if not os.path.isdir(path):
         if not os.path.exists(path):
             raise ExportError(f"{path}: no such file or directory")
@@ -219,11 +235,35 @@ def _check_spec_top(spec):
     transform = spec.get("input_transform", "log1p")
     if transform not in TRANSFORMS:
         raise ExportError(f"model spec: unknown input_transform '{transform}'")
+    if spec.get("uncertainty", "none") not in HEADS:
+        raise ExportError(f"model spec: unknown uncertainty '{spec['uncertainty']}'")
 
 
-def plan_model(spec):
+def _sigma_scale(calibration, outputs):
+    """The calibration's factor per output (1 without calibration), validated as
+    core/nn/uncertainty.cc's CalibrationFromJson does."""
+    if calibration is None:
+        return [1.0] * len(outputs)
+    factors = calibration.get("sigma_scale") if isinstance(calibration, dict) else None
+    if not isinstance(factors, dict):
+        raise ExportError("calibration: missing object 'sigma_scale'")
+    names = [o["name"] for o in outputs]
+    extra = set(factors) - set(names)
+    if extra:
+        raise ExportError(f"calibration: sigma_scale.{sorted(extra)[0]} is not an output of the spec")
+    scale = []
+    for name in names:
+        v = factors.get(name)
+        if not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
+            raise ExportError(f"calibration: sigma_scale.{name} = {v} is not positive and finite")
+        scale.append(float(v))
+    return scale
+
+
+def plan_model(spec, calibration=None):
     """The spec resolved for the writers: {name, input_channels, input_side, input_transform,
-    outputs: [{name, unit, offset, scale}], layers: [plan entries]}."""
+    outputs: [{name, unit, offset, scale}], uncertainty, sigma_scale, layers: [plan entries]}.
+    `calibration` is the checkpoint's parsed calibration_json (None: factors of 1)."""
     _check_spec_top(spec)
     shape = (int(spec["input_channels"]), int(spec["input_side"]), False)
     layers, names = [], {}
@@ -235,11 +275,17 @@ def plan_model(spec):
         layers.append(entry)
     outputs = [{"name": o["name"], "unit": o.get("unit", ""), "offset": f32(o.get("offset", 0.0)),
                 "scale": f32(o.get("scale", 1.0))} for o in spec["outputs"]]
-    if not shape[2] or shape[0] != len(outputs):
-        raise ExportError(f"model spec: the network ends in {shape[0]} values, the spec has {len(outputs)} outputs")
+    head = spec.get("uncertainty", "none")
+    width = head_width(head, len(outputs))
+    if not shape[2] or shape[0] != width:
+        raise ExportError(f"model spec: the network ends in {shape[0]} values, the spec's {len(outputs)} outputs "
+                          f"with uncertainty '{head}' need {width}")
+    if head == "none" and calibration is not None:
+        raise ExportError("calibration: the spec has no uncertainty head to calibrate")
     return {"name": spec.get("name", ""), "input_channels": int(spec["input_channels"]),
             "input_side": int(spec["input_side"]), "input_transform": spec.get("input_transform", "log1p"),
-            "outputs": outputs, "layers": layers}
+            "outputs": outputs, "uncertainty": head, "sigma_scale": _sigma_scale(calibration, outputs),
+            "layers": layers}
 
 
 def expected_tensors(plan):

@@ -98,7 +98,7 @@ def write_onnx(ckpt, plan, onnx_tmp):
 
 def export(args):
     ckpt = checkpoint_plan.resolve_checkpoint(args.checkpoint, _warn)
-    plan = checkpoint_plan.plan_model(ckpt["spec"])
+    plan = checkpoint_plan.plan_model(ckpt["spec"], ckpt["calibration"])
     checkpoint_plan.check_weights(plan, ckpt["weights"], ckpt["path"])
     try:
         os.makedirs(args.out, exist_ok=True)

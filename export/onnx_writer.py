@@ -3,7 +3,10 @@
 Graph: input `counts` float32 [batch, C, D, H, W] (raw particle counts; int16 counts convert
 exactly), the spec's input transform, the layers, the label de-normalisation, output `parameters`
 float32 [batch, P] in physical units, columns in the order of the spec's outputs (also listed in
-the model's metadata_props). The batch dimension is symbolic ("batch").
+the model's metadata_props). A model with an uncertainty head has a second output `covariance`
+float32 [batch, P, P]: the head's Gaussian posterior decoded in float64 (core/nn/uncertainty.cc's
+DecodeHead, unrolled over the P outputs), calibrated and de-normalised, as the server serves it.
+The batch dimension is symbolic ("batch").
 """
 
 import json
@@ -16,7 +19,7 @@ OPSET = 17  # the newest python3-onnx 1.12 knows; ReduceMean still takes axes as
 class _Graph:
     def __init__(self):
         import onnx.helper  # noqa: F401 (fails early with a clear ImportError)
-        self.nodes, self.initializers, self.used = [], [], {"counts", "parameters"}
+        self.nodes, self.initializers, self.used = [], [], {"counts", "parameters", "covariance"}
 
     def name(self, hint):
         """`hint` itself the first time (checkpoint tensor names stay recognisable), then hint_2, ..."""
@@ -88,6 +91,62 @@ def _layer(g, x, e, weights):
     raise AssertionError(f"layer type {kind} missing from the ONNX writer")
 
 
+LOG_VARIANCE_LIMIT = 40.0  # core/nn/uncertainty.h
+
+
+def _clipped_exp(g, x, limit, factor, hint):
+    """exp(factor * clip(x, -limit, limit)) in float64."""
+    clipped = g.op("Clip", [x, g.const("lo", np.float64(-limit)), g.const("hi", np.float64(limit))], hint + "_clip")
+    if factor != 1.0:
+        clipped = g.op("Mul", [clipped, g.const("half", np.float64(factor))], hint + "_scaled")
+    return g.op("Exp", [clipped], hint)
+
+
+def _head_entries(g, raw, head, p):
+    """{(i, j): [batch] float64 node} of the normalised covariance, as DecodeHead computes it."""
+    col = [g.op("Gather", [raw, g.const(f"col{k}", np.array(k, dtype=np.int64))], f"raw{k}", axis=1)
+           for k in range(2 * p + p * (p - 1) // 2 if head == "gaussian_full" else 2 * p)]
+    zero = g.op("Mul", [col[0], g.const("zero", np.float64(0.0))], "zeros")
+    if head == "gaussian":
+        return {(i, j): (_clipped_exp(g, col[p + i], LOG_VARIANCE_LIMIT, 1.0, f"var{i}") if i == j else zero)
+                for i in range(p) for j in range(p)}
+    l = {(i, i): _clipped_exp(g, col[p + i], 0.5 * LOG_VARIANCE_LIMIT, 1.0, f"l{i}{i}") for i in range(p)}
+    k = 2 * p
+    for i in range(1, p):
+        for j in range(i):
+            l[i, j] = col[k]
+            k += 1
+    one = g.op("Add", [zero, g.const("one_f64", np.float64(1.0))], "ones")
+    m = {}  # M = L^-1, lower triangular, by forward substitution
+    for j in range(p):
+        for i in range(j, p):
+            v = one if i == j else zero
+            for t in range(j, i):
+                v = g.op("Sub", [v, g.op("Mul", [l[i, t], m[t, j]], f"lm{i}{t}{j}")], f"v{i}{j}")
+            m[i, j] = g.op("Div", [v, l[i, i]], f"m{i}{j}")
+    entries = {}
+    for i in range(p):
+        for j in range(p):
+            terms = [g.op("Mul", [m[t, i], m[t, j]], f"mm{t}{i}{j}") for t in range(max(i, j), p)]
+            entries[i, j] = terms[0] if len(terms) == 1 else g.op("Sum", terms, f"c{i}{j}")
+    return entries
+
+
+def _covariance(g, x, plan):
+    """The `covariance` output [batch, P, P] float32 from the head outputs x [batch, W]."""
+    from onnx import TensorProto
+    p = len(plan["outputs"])
+    raw = g.op("Cast", [x], "raw_f64", to=TensorProto.DOUBLE)
+    entries = _head_entries(g, raw, plan["uncertainty"], p)
+    axis1 = g.const("axis1", np.array([1], dtype=np.int64))
+    flat = g.op("Concat", [g.op("Unsqueeze", [entries[i, j], axis1], f"u{i}{j}") for i in range(p) for j in range(p)],
+                "cov_flat", axis=1)
+    cov = g.op("Reshape", [flat, g.const("cov_shape", np.array([-1, p, p], dtype=np.int64))], "cov_normalised")
+    factor = np.array([o["scale"] * c for o, c in zip(plan["outputs"], plan["sigma_scale"])], dtype=np.float64)
+    physical = g.op("Mul", [cov, g.const("cov_factor", np.outer(factor, factor))], "cov_physical")
+    return g.op("Cast", [physical], "cov_f32", to=TensorProto.FLOAT)
+
+
 def build_model(plan, weights, info):
     """The checked onnx.ModelProto. `info` (dict of strings) goes into metadata_props."""
     import onnx
@@ -99,17 +158,27 @@ def build_model(plan, weights, info):
     for e in plan["layers"]:
         x = _layer(g, x, e, weights)
     outs = plan["outputs"]
+    p = len(outs)
+    means = x
+    if plan["uncertainty"] != "none":
+        means = g.op("Slice", [x, g.const("start", np.array([0], dtype=np.int64)),
+                               g.const("end", np.array([p], dtype=np.int64)), g.const("axes", np.array([1], dtype=np.int64))],
+                     "means")
     scale = g.const("label_scale", np.array([o["scale"] for o in outs], dtype=np.float32))
     offset = g.const("label_offset", np.array([o["offset"] for o in outs], dtype=np.float32))
-    physical = g.op("Add", [g.op("Mul", [x, scale], "scaled"), offset], "physical")
+    physical = g.op("Add", [g.op("Mul", [means, scale], "scaled"), offset], "physical")
     g.nodes.append(helper.make_node("Identity", [physical], ["parameters"], name="parameters"))
-    parameters = helper.make_tensor_value_info("parameters", TensorProto.FLOAT, ["batch", len(outs)])
-    graph = helper.make_graph(g.nodes, plan["name"] or "cosmoflow", [counts], [parameters], g.initializers)
+    outputs = [helper.make_tensor_value_info("parameters", TensorProto.FLOAT, ["batch", p])]
+    if plan["uncertainty"] != "none":
+        g.nodes.append(helper.make_node("Identity", [_covariance(g, x, plan)], ["covariance"], name="covariance"))
+        outputs.append(helper.make_tensor_value_info("covariance", TensorProto.FLOAT, ["batch", p, p]))
+    graph = helper.make_graph(g.nodes, plan["name"] or "cosmoflow", [counts], outputs, g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="cosmoflow-export", doc_string=_doc(plan))
     model.ir_version = 8  # what onnx 1.12 writes for opset 17; onnxruntime >= 1.10 reads it
     meta = dict(info, outputs=",".join(o["name"] for o in outs), units=json.dumps([o["unit"] for o in outs]),
-                input_transform=plan["input_transform"])
+                input_transform=plan["input_transform"], uncertainty=plan["uncertainty"],
+                sigma_scale=json.dumps(plan["sigma_scale"]))
     helper.set_model_props(model, meta)
     onnx.checker.check_model(model, full_check=True)
     return model
@@ -119,4 +188,6 @@ def _doc(plan):
     names = ", ".join(o["name"] for o in plan["outputs"])
     return (f"CosmoFlow model '{plan['name']}'. Input 'counts': float32 particle counts [batch, C, D, H, W]; "
             f"the input transform ({plan['input_transform']}) and the label de-normalisation are inside the "
-            f"graph. Output 'parameters': [batch, {len(plan['outputs'])}] physical values of {names}.")
+            f"graph. Output 'parameters': [batch, {len(plan['outputs'])}] physical values of {names}."
+            + ("" if plan["uncertainty"] == "none" else
+               f" Output 'covariance': [batch, P, P], the calibrated posterior covariance ({plan['uncertainty']} head)."))

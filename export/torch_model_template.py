@@ -8,10 +8,14 @@ odd voxel on the right, tensor names); the weights are the state dict next to th
     net = model.load("model.pt")             # eval mode: dropout off, batch norm on running statistics
     params = net(counts)                     # counts: float32 [N, C, D, H, W] particle counts
                                              # -> [N, P] physical values, in the order of OUTPUTS
+    params, cov = net(counts)                # a model with an uncertainty head (UNCERTAINTY != "none"):
+                                             # also the calibrated covariance [N, P, P], float64
 
 forward() applies the spec's input transform and the label de-normalisation (offset + scale * n),
-as cosmoflow-server does; forward_normalised() takes an already transformed input and returns the
-normalised outputs. State-dict keys are the checkpoint's tensor names with PyTorch's suffixes:
+as cosmoflow-server does, and for an uncertainty head decodes the Gaussian posterior the head
+stands for (core/nn/spec.h), multiplies sigma by the checkpoint's calibration factors and
+de-normalises the covariance (cov_ij * scale_i * scale_j), in float64 as the server does;
+forward_normalised() takes an already transformed input and returns the raw head outputs. State-dict keys are the checkpoint's tensor names with PyTorch's suffixes:
 convN.weight/bias, denseN.weight/bias, bnN.weight (gamma)/bias (beta)/running_mean/running_var.
 
 Run as a script, it predicts .npy cubes ((D,H,W) or (C,D,H,W), int16 or float32) and prints JSON:
@@ -32,6 +36,8 @@ PLAN = None  # cosmoflow-export: the resolved layer plan
 CHECKPOINT = None  # cosmoflow-export: where the weights came from (path, step, checksum)
 
 OUTPUTS = [o["name"] for o in PLAN["outputs"]] if PLAN else []
+UNCERTAINTY = PLAN["uncertainty"] if PLAN else "none"
+LOG_VARIANCE_LIMIT = 40.0  # core/nn/uncertainty.h: log-variances clamped to +-40, log-diagonals to +-20
 
 
 class ScaledTanh(nn.Module):
@@ -56,6 +62,32 @@ def input_transform(counts, transform):
     inv = torch.where(mean > 0, 1.0 / mean, torch.zeros_like(mean)).float()
     shift = 1.0 if transform == "overdensity" else 0.0
     return counts * inv - shift
+
+
+def head_covariance(raw, head, p):
+    """The normalised covariance [N, P, P] (float64) that the head outputs raw [N, W] stand for,
+    as core/nn/uncertainty.cc's DecodeHead computes it: gaussian a diagonal of exp(log-variance);
+    gaussian_full (L L^T)^-1 = M^T M with M = L^-1 by forward substitution."""
+    raw = raw.double()
+    if head == "gaussian":
+        return torch.diag_embed(torch.exp(raw[:, p:2 * p].clamp(-LOG_VARIANCE_LIMIT, LOG_VARIANCE_LIMIT)))
+    half = 0.5 * LOG_VARIANCE_LIMIT
+    l = {(i, i): torch.exp(raw[:, p + i].clamp(-half, half)) for i in range(p)}
+    k = 2 * p
+    for i in range(1, p):
+        for j in range(i):
+            l[i, j] = raw[:, k]
+            k += 1
+    m = {}
+    for j in range(p):
+        for i in range(j, p):
+            v = torch.ones_like(l[i, i]) if i == j else torch.zeros_like(l[i, i])
+            for t in range(j, i):
+                v = v - l[i, t] * m[t, j]
+            m[i, j] = v / l[i, i]
+    rows = [torch.stack([sum(m[t, i] * m[t, j] for t in range(max(i, j), p)) for j in range(p)], dim=1)
+            for i in range(p)]
+    return torch.stack(rows, dim=1)
 
 
 def _make_layer(e, counters):
@@ -100,6 +132,9 @@ class CosmoFlowModel(nn.Module):
         outs = self.plan["outputs"]
         self.register_buffer("offset", torch.tensor([o["offset"] for o in outs], dtype=torch.float32), False)
         self.register_buffer("scale", torch.tensor([o["scale"] for o in outs], dtype=torch.float32), False)
+        # Physical sigma = calibration factor x label scale x normalised sigma.
+        factor = torch.tensor([o["scale"] * c for o, c in zip(outs, self.plan["sigma_scale"])], dtype=torch.float64)
+        self.register_buffer("cov_factor", torch.outer(factor, factor), False)
 
     def forward_normalised(self, x):
         for name in self.layer_names:
@@ -108,7 +143,12 @@ class CosmoFlowModel(nn.Module):
 
     def forward(self, counts):
         x = input_transform(counts.float(), self.plan["input_transform"])
-        return self.offset + self.scale * self.forward_normalised(x)
+        raw = self.forward_normalised(x)
+        p = len(self.plan["outputs"])
+        params = self.offset + self.scale * raw[:, :p]
+        if self.plan["uncertainty"] == "none":
+            return params
+        return params, head_covariance(raw, self.plan["uncertainty"], p) * self.cov_factor
 
 
 def load(weights_path, plan=None):
@@ -144,8 +184,12 @@ def main(argv=None):
         print(f"{os.path.basename(__file__)}: error: {e}", file=sys.stderr)
         return 1
     with torch.no_grad():
-        values = model(batch).numpy()
+        out = model(batch)
+    values, covs = (out[0].numpy(), out[1].numpy()) if UNCERTAINTY != "none" else (out.numpy(), None)
     rows = [{"cube": p, "parameters": dict(zip(OUTPUTS, map(float, v)))} for p, v in zip(args.cubes, values)]
+    for row, cov in zip(rows, covs if covs is not None else []):
+        row["sigma"] = dict(zip(OUTPUTS, map(float, np.sqrt(np.diag(cov)))))
+        row["covariance"] = cov.tolist()
     print(json.dumps(rows))
     return 0
 

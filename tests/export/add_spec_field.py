@@ -18,4 +18,6 @@ with h5py.File(path, "r+") as f:
     weights = checkpoint_plan._read_tensors(f, "weights", path)
     optimizer = checkpoint_plan._read_tensors(f, "optimizer", path)
     f.attrs["spec_json"] = text
-    f.attrs["checksum"] = checkpoint_plan._payload_checksum(text, state, weights, optimizer)
+    calibration = f.attrs.get("calibration_json", b"")
+    calibration = calibration.decode() if isinstance(calibration, bytes) else str(calibration)
+    f.attrs["checksum"] = checkpoint_plan._payload_checksum(text, calibration, state, weights, optimizer)

@@ -2,8 +2,9 @@
 // convs with the odd padding voxel, batch_norm on 5-D and 2-D activations, all four input
 // transforms, an empty channel), the exported PyTorch module (python3-torch) and the ONNX model
 // (onnxruntime-node) predict the same cubes as cosmoflow-server, asked with cosmoflow-client over
-// loopback, within kRelTol. The engine has direct kernels only (no Winograd or FFT), so one
-// tolerance holds for every spec. Also: onnx.checker passes, and bad checkpoints are refused with
+// loopback, within kRelTol, and for uncertainty heads the calibrated covariance too. The server
+// runs its default kernels (direct convolutions: the FFT candidate is never chosen by rule), so
+// one tolerance holds for every spec. Also: onnx.checker passes, and bad checkpoints are refused with
 // one line and leave nothing behind.
 #include <gtest/gtest.h>
 
@@ -64,6 +65,22 @@ constexpr char kNoTransformSpec[] = R"({"name": "plain8", "input_channels": 1, "
   "layers": [{"type": "conv3d", "filters": 4, "kernel": 3, "padding": "same"}, {"type": "leaky_relu", "alpha": 0.05},
              {"type": "max_pool", "size": 2}, {"type": "flatten"}, {"type": "dense", "units": 3},
              {"type": "scaled_tanh", "scale": 1.5}]})";
+
+// Uncertainty heads: a full covariance (the precision's Cholesky factor) for 3 outputs with
+// calibration factors, and a diagonal one for 4 outputs.
+constexpr char kFullCovSpec[] = R"({"name": "fullcov8", "input_channels": 1, "input_side": 8,
+  "input_transform": "log1p", "uncertainty": "gaussian_full",
+  "outputs": [{"name": "Omega_M", "offset": 0.3, "scale": 0.05}, {"name": "sigma_8", "offset": 0.865, "scale": 0.085},
+              {"name": "n_s", "offset": 0.95, "scale": 0.05}],
+  "layers": [{"type": "conv3d", "filters": 4, "kernel": 3}, {"type": "leaky_relu", "alpha": 0.1},
+             {"type": "max_pool", "size": 2}, {"type": "flatten"}, {"type": "dense", "units": 9}]})";
+
+constexpr char kDiagonalSpec[] = R"({"name": "gauss8", "input_channels": 2, "input_side": 8,
+  "input_transform": "overdensity", "uncertainty": "gaussian",
+  "outputs": [{"name": "Omega_M", "offset": 0.3, "scale": 0.05}, {"name": "sigma_8", "offset": 0.865, "scale": 0.085},
+              {"name": "n_s", "offset": 0.95, "scale": 0.05}, {"name": "H0", "unit": "km/s/Mpc", "offset": 70, "scale": 7}],
+  "layers": [{"type": "conv3d", "filters": 4, "kernel": 3}, {"type": "leaky_relu", "alpha": 0.1},
+             {"type": "avg_pool", "size": 2}, {"type": "flatten"}, {"type": "dense", "units": 8}]})";
 
 std::string OrtNodeDir() {
   const char* env = std::getenv("COSMOFLOW_ORT_NODE_DIR");
@@ -131,6 +148,7 @@ std::vector<std::string> WriteCubes(const ModelSpec& spec, const TempDir& dir, i
 }
 
 // The server's answer for each cube: cosmoflow-server on `checkpoint`, cosmoflow-client --json.
+// A row holds the P values, then, for a model with an uncertainty, the P x P covariance.
 std::vector<std::vector<double>> ServerPredictions(const std::string& checkpoint,
                                                    const ModelSpec& spec,
                                                    const std::vector<std::string>& cubes,
@@ -157,6 +175,9 @@ std::vector<std::vector<double>> ServerPredictions(const std::string& checkpoint
     std::vector<double> values;
     const json j = json::parse(out);
     for (const auto& o : spec.outputs) values.push_back(j["parameters"][o.name].get<double>());
+    if (j.contains("covariance") && !j["covariance"].is_null())
+      for (const auto& row : j["covariance"])
+        for (const auto& v : row) values.push_back(v.get<double>());
     rows.push_back(values);
   }
   kill(server, SIGTERM);
@@ -172,7 +193,8 @@ std::string Joined(const std::vector<std::string>& paths) {
   return s;
 }
 
-// Rows of [{"cube": ..., "parameters": [...] or {name: value}}] in the order of the spec's outputs.
+// Rows of [{"cube": ..., "parameters": [...] or {name: value}, "covariance": [[...], ...]}] in the
+// order of the spec's outputs, the covariance (if any) after the values.
 std::vector<std::vector<double>> ParseRows(const std::string& text, const ModelSpec& spec) {
   std::vector<std::vector<double>> rows;
   for (const auto& r : json::parse(text)) {
@@ -181,21 +203,31 @@ std::vector<std::vector<double>> ParseRows(const std::string& text, const ModelS
       const auto& p = r["parameters"];
       values.push_back(p.is_array() ? p[i].get<double>() : p[spec.outputs[i].name].get<double>());
     }
+    if (r.contains("covariance"))
+      for (const auto& row : r["covariance"])
+        for (const auto& v : row) values.push_back(v.get<double>());
     rows.push_back(values);
   }
   return rows;
 }
 
+// Values relative to themselves; a covariance entry relative to sqrt(C_ii C_jj), the size of the
+// entries of its row and column (an off-diagonal entry may be near zero).
 void ExpectClose(const std::vector<std::vector<double>>& got,
-                 const std::vector<std::vector<double>>& want, const std::string& what) {
+                 const std::vector<std::vector<double>>& want, size_t p, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size()) << what;
+    ASSERT_EQ(got[i].size(), want[i].size()) << what << " (covariance present in one only?)";
     for (size_t j = 0; j < want[i].size(); ++j) {
-      const double rel = std::abs(got[i][j] - want[i][j]) / std::abs(want[i][j]);
+      double scale = std::abs(want[i][j]);
+      if (j >= p) {
+        const size_t r = (j - p) / p, c = (j - p) % p;
+        scale = std::sqrt(want[i][p + r * p + r] * want[i][p + c * p + c]);
+      }
+      const double rel = std::abs(got[i][j] - want[i][j]) / scale;
       worst = std::max(worst, rel);
-      EXPECT_LE(rel, kRelTol) << what << " cube " << i << " output " << j << ": " << got[i][j]
+      EXPECT_LE(rel, kRelTol) << what << " cube " << i << " entry " << j << ": " << got[i][j]
                               << " vs server " << want[i][j];
     }
   }
@@ -244,7 +276,11 @@ void CheckExportMatchesServer(const Checkpoint& ckpt, bool float_cubes) {
                        dir / "torch.err"),
             0)
       << ReadFileText(dir / "torch.err");
-  ExpectClose(ParseRows(torch_out, ckpt.spec), server, ckpt.spec.name + " PyTorch");
+  const size_t p = ckpt.spec.outputs.size();
+  if (ckpt.spec.uncertainty != UncertaintyHead::kNone) {
+    ASSERT_EQ(server[0].size(), p + p * p) << "the server gave no covariance";
+  }
+  ExpectClose(ParseRows(torch_out, ckpt.spec), server, p, ckpt.spec.name + " PyTorch");
 
   if (!std::filesystem::exists(OrtNodeDir() + "/node_modules/onnxruntime-node")) {
     GTEST_SKIP() << "onnxruntime-node is not in " << OrtNodeDir()
@@ -256,7 +292,7 @@ void CheckExportMatchesServer(const Checkpoint& ckpt, bool float_cubes) {
                        &ort_out, dir / "ort.err"),
             0)
       << ReadFileText(dir / "ort.err");
-  ExpectClose(ParseRows(ort_out, ckpt.spec), server, ckpt.spec.name + " ONNX Runtime");
+  ExpectClose(ParseRows(ort_out, ckpt.spec), server, p, ckpt.spec.name + " ONNX Runtime");
 }
 
 ModelSpec Spec(const char* json_text) {
@@ -281,6 +317,18 @@ TEST(ExportTest, OverdensityFourChannelsMatchesServer) {
 
 TEST(ExportTest, NoTransformFloatCubesMatchesServer) {
   CheckExportMatchesServer(MakeCheckpoint(Spec(kNoTransformSpec), 14), true);
+}
+
+// The posterior as served: the head decoded, sigma times the calibration factors, de-normalised.
+TEST(ExportTest, FullCovarianceHeadWithCalibrationMatchesServer) {
+  Checkpoint ckpt = MakeCheckpoint(Spec(kFullCovSpec), 15);
+  ckpt.calibration.sigma_scale = {1.5, 0.8, 1.1};
+  ckpt.calibration.samples = 100;
+  CheckExportMatchesServer(ckpt, false);
+}
+
+TEST(ExportTest, DiagonalHeadFourOutputsMatchesServer) {
+  CheckExportMatchesServer(MakeCheckpoint(Spec(kDiagonalSpec), 16), false);
 }
 
 // The files in `dir` (none when it does not exist).
@@ -328,11 +376,18 @@ TEST(ExportTest, SpecFieldTheExporterDoesNotKnowIsRefused) {
   ASSERT_TRUE(WriteCheckpoint(dir / "ckpt.h5", MakeCheckpoint(Spec(kNoTransformSpec), 4)).ok());
   std::string out;
   ASSERT_EQ(RunCommand("/usr/bin/python3 " + kSrc + "/tests/export/add_spec_field.py " + kSrc +
-                           "/export " + (dir / "ckpt.h5") + " uncertainty '\"gaussian\"'",
+                           "/export " + (dir / "ckpt.h5") + " mixture '\"student_t\"'",
                        &out, dir / "py.err"),
             0)
       << ReadFileText(dir / "py.err");
-  ExpectRefused(dir / "ckpt.h5", "field 'uncertainty' is not supported", dir);
+  ExpectRefused(dir / "ckpt.h5", "field 'mixture' is not supported", dir);
+}
+
+TEST(ExportTest, EnsembleDirectoryIsRefusedNamingItsMembers) {
+  TempDir dir("export-ensemble");
+  std::filesystem::create_directories(dir / "run");
+  WriteAll(dir / "run/ensemble.json", R"({"format": "cosmoflow-ensemble", "format_version": 1})");
+  ExpectRefused(dir / "run", "members/m<k>/checkpoints", dir);
 }
 
 TEST(ExportTest, MissingCheckpointIsRefused) {

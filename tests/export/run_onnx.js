@@ -1,5 +1,6 @@
 // Runs an exported ONNX model with onnxruntime-node on .npy cubes and prints JSON
-// [{"cube": path, "parameters": [..]}]: the ONNX side of tests/export/export_test.cc.
+// [{"cube": path, "parameters": [..]}] (and "covariance": [[..], ..] when the model has that
+// output): the ONNX side of tests/export/export_test.cc.
 //   node run_onnx.js ONNXRUNTIME_NODE_DIR MODEL.onnx CUBE.npy...
 // Cubes: .npy format 1.0, little-endian int16 or float32, C order, (D,H,W) or (C,D,H,W); int16
 // counts are converted to float32 (exact), the model's input type. All cubes run as one batch.
@@ -34,9 +35,17 @@ async function main() {
   const batch = new Float32Array(per * cubes.length);
   cubes.forEach((c, i) => batch.set(c.values, i * per));
   const feeds = {counts: new ort.Tensor('float32', batch, [cubes.length, ...cubes[0].shape])};
-  const out = (await session.run(feeds)).parameters;
+  const result = await session.run(feeds);
+  const out = result.parameters;
   const p = out.dims[1];
   const rows = cubePaths.map((path, i) => ({cube: path, parameters: Array.from(out.data.slice(i * p, (i + 1) * p))}));
+  if (result.covariance) {
+    const cov = result.covariance.data;
+    rows.forEach((row, i) => {
+      row.covariance = [];
+      for (let r = 0; r < p; ++r) row.covariance.push(Array.from(cov.slice((i * p + r) * p, (i * p + r + 1) * p)));
+    });
+  }
   process.stdout.write(JSON.stringify(rows) + '\n');
 }
 
