@@ -339,7 +339,7 @@ void PrintModelInfo(const v1::ModelInfo& info, bool json) {
     j["provenance"] =
         std::map<std::string, std::string>(info.provenance().begin(), info.provenance().end());
     AddUncertaintyInfo(info, &j);
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return;
   }
   std::string shape;
@@ -384,7 +384,7 @@ void PrintPrediction(const v1::PredictResponse& resp, bool json) {
                     {"compute_seconds", resp.timings().compute_seconds()},
                     {"total_seconds", resp.timings().total_seconds()},
                     {"batch_size", resp.timings().batch_size()}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return;
   }
   PrintPredictionTable(resp);

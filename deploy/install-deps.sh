@@ -51,6 +51,8 @@ pkgs=(
   python3-grpcio python3-grpc-tools python3-numpy python3-h5py python3-matplotlib python3-protobuf
   # cosmoflow-export (checkpoint checksum, ONNX graph and checker) and its tests (the PyTorch module)
   python3-crcmod python3-onnx python3-torch
+  # the libFuzzer targets (fuzz/, -DCOSMOFLOW_FUZZ=ON): clang, its sanitizer runtimes, its OpenMP
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 if [ "$want_peer" = 1 ]; then pkgs+=(libtcmalloc-minimal4); fi
 

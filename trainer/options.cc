@@ -269,7 +269,7 @@ std::string JsonValueToString(const nlohmann::json& j) {
     for (const auto& e : j) s += (s.empty() ? "" : ",") + JsonValueToString(e);
     return s;
   }
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace

@@ -492,7 +492,9 @@ void Trainer::BuildReducer() {
   if (mode == GradientAllreducer::Mode::kThread && HasBatchNorm(spec_)) {
     // batch_norm allreduces its statistics from the training thread inside Backward, while the
     // communication thread would be allreducing gradient buckets: MPI calls from one thread only.
-    if (root()) CF_LOG(INFO) << "spec has batch_norm: using --allreduce=nonblocking";
+    if (root()) {
+      CF_LOG(INFO) << "spec has batch_norm: using --allreduce=nonblocking";
+    }
     mode = GradientAllreducer::Mode::kNonblocking;
   }
   reducer_ = std::make_unique<GradientAllreducer>(
@@ -828,7 +830,7 @@ void Trainer::WriteSummary(const std::string& outcome) {
     j["val_rel_err"] = rel;
   }
   const std::string path = (fs::path(opt_.out_dir) / "run.json").string();
-  if (!WriteFileAtomically(path, j.dump(2) + "\n")) {
+  if (!WriteFileAtomically(path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n")) {
     CF_LOG(WARNING) << path << ": cannot write";
   }
 }

@@ -127,7 +127,10 @@ StatusOr<std::string> WriteCheckpoint(const std::string& path, const Checkpoint&
       CF_RETURN_IF_ERROR(h5::WriteInt64Attr(root, "samples_seen", ckpt.state.samples_seen));
       CF_RETURN_IF_ERROR(h5::WriteInt64Attr(root, "rng_seed", int64_t(ckpt.state.rng_seed)));
       CF_RETURN_IF_ERROR(h5::WriteStringAttr(root, "optimizer", ckpt.state.optimizer));
-      CF_RETURN_IF_ERROR(h5::WriteStringAttr(root, "provenance_json", prov.dump()));
+      // Provenance holds command lines and paths, which need not be UTF-8: replaced, not thrown.
+      const std::string prov_json =
+          prov.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      CF_RETURN_IF_ERROR(h5::WriteStringAttr(root, "provenance_json", prov_json));
       // Written last: a file without it is never accepted.
       CF_RETURN_IF_ERROR(h5::WriteStringAttr(root, "checksum", checksum));
       if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0) return InternalError(path + ": flush failed");

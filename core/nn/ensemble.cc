@@ -102,7 +102,7 @@ Status WriteEnsembleManifest(const std::string& path, const EnsembleManifest& ma
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
+    out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     if (!out) return InternalError(path + ": cannot write the ensemble manifest");
   }
   CF_RETURN_IF_ERROR(h5::FsyncPath(tmp));

@@ -188,7 +188,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const ModelSp
     c.prior_low.push_back((*r)[0].get<double>());
     c.prior_high.push_back((*r)[1].get<double>());
   }
-  for (const auto& [name, value] : scale->items()) {
+  for (const auto& item : scale->items()) {
+    const std::string& name = item.key();  // not a structured binding: lambdas capture it
     bool known = std::any_of(spec.outputs.begin(), spec.outputs.end(),
                              [&](const OutputSpec& o) { return o.name == name; });
     if (!known)

@@ -51,6 +51,21 @@ TEST(CheckpointTest, RoundTripKeepsEverything) {
   EXPECT_EQ(r->provenance, ck.provenance);
 }
 
+// A command line or path that is not UTF-8 (a Latin-1 file name) is stored with U+FFFD in its
+// place; it used to escape WriteCheckpoint as an uncaught nlohmann::json exception (found by
+// fuzz/checkpoint_fuzz.cc).
+TEST(CheckpointTest, ProvenanceThatIsNotUtf8IsStoredReplaced) {
+  TempDir dir;
+  Checkpoint ck = Make(3);
+  ck.provenance["command"] = "cosmoflow-train --train /data/\xe9t\xe9";
+  auto sum = WriteCheckpoint(dir / "a.h5", ck);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  auto r = ReadCheckpoint(dir / "a.h5");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->provenance.at("command"), "cosmoflow-train --train /data/\xef\xbf\xbdt\xef\xbf\xbd");
+  EXPECT_EQ(r->weights[0].data, ck.weights[0].data);
+}
+
 TEST(CheckpointTest, FlippedByteIsDetected) {
   TempDir dir;
   ASSERT_TRUE(WriteCheckpoint(dir / "a.h5", Make(1)).ok());
