@@ -46,6 +46,7 @@ Status Batcher::Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests)
       return ResourceExhaustedError("the request queue is full (" + std::to_string(queue_.size()) +
                                     " of " + std::to_string(options_.max_queue) +
                                     " cubes waiting); retry later");
+    CF_RETURN_IF_ERROR(ChargeConnectionsLocked(requests));
     NoteLoadLocked(int(requests.size()));
     for (auto& r : requests) {
       r->enqueued = now;
@@ -56,6 +57,40 @@ Status Batcher::Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests)
   requests.clear();
   cv_.notify_one();
   return Status::Ok();
+}
+
+Status Batcher::ChargeConnectionsLocked(std::vector<std::unique_ptr<InferenceRequest>>& requests) {
+  const int limit = options_.max_inflight_per_connection;
+  if (limit <= 0) return Status::Ok();
+  std::map<std::string, int> adding;
+  for (const auto& r : requests)
+    if (!r->connection.empty()) ++adding[r->connection];
+  for (const auto& [connection, n] : adding) {
+    const int have = inflight_.count(connection) ? inflight_[connection] : 0;
+    if (have + n > limit) {
+      if (metrics_) metrics_->RecordLimitRejection("inflight_per_connection");
+      return ResourceExhaustedError("this connection has " + std::to_string(have) +
+                                    " cubes in flight and sends " + std::to_string(n) +
+                                    " more; the server allows " + std::to_string(limit) +
+                                    " per connection (--max-inflight-per-connection)");
+    }
+  }
+  for (const auto& [connection, n] : adding) inflight_[connection] += n;
+  for (auto& r : requests) {
+    if (r->connection.empty()) continue;
+    r->done = [this, connection = r->connection, done = std::move(r->done)](
+                  const Status& s, InferenceResult&& result) {
+      ReleaseConnection(connection);  // first: the client may send its next cube from `done`
+      done(s, std::move(result));
+    };
+  }
+  return Status::Ok();
+}
+
+void Batcher::ReleaseConnection(const std::string& connection) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = inflight_.find(connection);
+  if (it != inflight_.end() && --it->second <= 0) inflight_.erase(it);
 }
 
 std::chrono::steady_clock::duration PeakWindow(double last_compute_seconds) {

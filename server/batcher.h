@@ -15,8 +15,10 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -42,6 +44,9 @@ struct InferenceRequest {
   std::function<bool()> cancelled;  // optional; polled before computing
   // Called exactly once with OK and the result, or the reason the request was not computed.
   std::function<void(const Status&, InferenceResult&&)> done;
+  // The client connection it came on (grpc::ServerContext::peer()); empty: not counted against
+  // BatcherOptions::max_inflight_per_connection.
+  std::string connection;
   std::chrono::steady_clock::time_point enqueued;  // set by Submit
 };
 
@@ -61,6 +66,9 @@ struct BatcherOptions {
   // seconds), capped by max_batch. A lone client then never waits for company that is not coming,
   // and a burst still fills batches. false: always wait up to max_queue_delay for max_batch.
   bool adaptive = true;
+  // Most cubes one client connection may have queued or computing at once (0: no limit), so one
+  // client cannot fill the whole queue and starve the others.
+  int max_inflight_per_connection = 0;
 };
 
 class Batcher {
@@ -72,8 +80,9 @@ class Batcher {
   void SetModel(std::shared_ptr<Model> model);
   std::shared_ptr<Model> model() const;
 
-  // Enqueues all `requests` or none: RESOURCE_EXHAUSTED when the queue has no room for all of them,
-  // UNAVAILABLE once stopping. On error the requests' `done` is not called (the caller answers).
+  // Enqueues all `requests` or none: RESOURCE_EXHAUSTED when the queue has no room for all of them
+  // or their connection would exceed max_inflight_per_connection, UNAVAILABLE once stopping. On
+  // error the requests' `done` is not called (the caller answers).
   Status Submit(std::vector<std::unique_ptr<InferenceRequest>>& requests);
 
   // Marks a request as being prepared (validated) so that a batch about to be flushed
@@ -106,6 +115,11 @@ class Batcher {
   std::deque<std::unique_ptr<InferenceRequest>> queue_;
   std::shared_ptr<Model> model_;
   void NoteLoadLocked(int submitting);
+  // Counts `requests` against their connections' limit (RESOURCE_EXHAUSTED if over it) and wraps
+  // their `done` so that each releases its slot first.
+  Status ChargeConnectionsLocked(std::vector<std::unique_ptr<InferenceRequest>>& requests);
+  void ReleaseConnection(const std::string& connection);
+  std::map<std::string, int> inflight_;  // cubes queued or computing, by connection
   int TargetBatchLocked(int max_batch) const;
 
   int preparing_ = 0;

@@ -399,6 +399,7 @@ StatusOr<std::vector<std::unique_ptr<InferenceRequest>>> KServeService::MakeItem
                                      "inputs[0][" + std::to_string(i) + "]"));
     auto item = std::make_unique<InferenceRequest>();
     item->cube = view;
+    item->connection = ctx->peer();
     item->deadline = ctx->deadline();
     item->cancelled = [ctx] { return ctx->IsCancelled(); };
     item->done = [call, i, finish](const Status& s, InferenceResult&& r) {

@@ -29,6 +29,10 @@ constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
                              leaves once it holds as many cubes as were recently outstanding)
   --max-prepare-wait-ms MS   extra wait for cubes still being validated when a batch is due (default 50)
   --max-message-bytes N      gRPC message limit, both ways (default 67108864)
+  --max-inflight-per-connection N  cubes one client connection may have queued or computing
+                             (default: --max-queue); more get RESOURCE_EXHAUSTED
+  --max-streams-per-connection N   open PredictStream calls per connection (default 16; 0 = no limit)
+  --stream-idle-timeout-s S  close a stream with nothing to do for S seconds (default 300; 0 = never)
   --precision fp32|bf16      compute precision (default fp32)
   --watch-interval-ms MS     poll the checkpoint directory's LATEST (default 1000; 0 = off)
   --drain-timeout-s S        on SIGTERM, how long in-flight requests may take (default 30)
@@ -74,6 +78,21 @@ cosmoflow::Status ParseAdminFlags(const cosmoflow::Flags& flags, cosmoflow::Serv
   return cosmoflow::CheckAdminOptions(options->admin, !options->tls_client_ca.empty());
 }
 
+// The per-connection limits; negative values are a usage error.
+cosmoflow::Status ParseLimitFlags(const cosmoflow::Flags& flags, cosmoflow::ServerOptions* options) {
+  auto inflight = flags.GetInt("max-inflight-per-connection", 0);
+  auto streams = flags.GetInt("max-streams-per-connection", 16);
+  auto idle_s = flags.GetDouble("stream-idle-timeout-s", 300);
+  for (const cosmoflow::Status& s : {inflight.status(), streams.status(), idle_s.status()})
+    if (!s.ok()) return s;
+  if (*inflight < 0 || *streams < 0 || *idle_s < 0)
+    return cosmoflow::InvalidArgumentError("per-connection limits must not be negative");
+  options->max_inflight_per_connection = int(*inflight);
+  options->max_streams_per_connection = int(*streams);
+  options->stream_idle_timeout = std::chrono::milliseconds(int64_t(*idle_s * 1000));
+  return cosmoflow::Status::Ok();
+}
+
 // Parses the flags into *cl. Returns the exit code when the program ends here (--help, bad flags).
 std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   using namespace cosmoflow;
@@ -86,6 +105,9 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
                {"max-prepare-wait-ms", true},
                {"fixed-batch-wait", false},
                {"max-message-bytes", true},
+               {"max-inflight-per-connection", true},
+               {"max-streams-per-connection", true},
+               {"stream-idle-timeout-s", true},
                {"precision", true},
                {"watch-interval-ms", true},
                {"drain-timeout-s", true},
@@ -116,6 +138,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   options.tls_key = flags.Get("tls-key");
   options.tls_client_ca = flags.Get("tls-client-ca");
   if (Status s = ParseAdminFlags(flags, &options); !s.ok()) return UsageError(s.message());
+  if (Status s = ParseLimitFlags(flags, &options); !s.ok()) return UsageError(s.message());
   auto max_batch = flags.GetInt("max-batch", 4);
   auto delay_ms = flags.GetDouble("max-queue-delay-ms", -1);
   auto max_queue = flags.GetInt("max-queue", 64);

@@ -82,7 +82,11 @@ Metrics::Metrics()
                    .Help("Model reload attempts by result")
                    .Register(*registry_)),
       reload_success_(reloads_.Add({{"result", "success"}})),
-      reload_failure_(reloads_.Add({{"result", "failure"}})) {}
+      reload_failure_(reloads_.Add({{"result", "failure"}})),
+      limit_rejections_(BuildCounter()
+                            .Name("cosmoflow_limit_rejections_total")
+                            .Help("Requests and streams refused or closed by a per-connection limit")
+                            .Register(*registry_)) {}
 
 Metrics::~Metrics() = default;
 
@@ -117,6 +121,10 @@ void Metrics::RecordRequest(const std::string& method, const std::string& code, 
   }
   counter->Increment();
   histogram->Observe(seconds);
+}
+
+void Metrics::RecordLimitRejection(const std::string& limit) {
+  limit_rejections_.Add({{"limit", limit}}).Increment();  // Add returns the existing series
 }
 
 void Metrics::AddReceivedBytes(double bytes) { received_bytes_.Increment(bytes); }

@@ -46,6 +46,9 @@ class Metrics {
   void SetModel(const std::string& version, const std::string& spec, const std::string& checksum,
                 double load_seconds, double loaded_at_unix_seconds);
   void RecordReload(bool success);
+  // A request or stream refused by a per-connection limit ("inflight_per_connection",
+  // "streams_per_connection") or a stream closed for idling ("stream_idle").
+  void RecordLimitRejection(const std::string& limit);
 
   // The text exposition (what /metrics returns, with the process_* families), for tests and logs.
   std::string Serialize() const;
@@ -70,6 +73,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& reloads_;
   prometheus::Counter& reload_success_;
   prometheus::Counter& reload_failure_;
+  prometheus::Family<prometheus::Counter>& limit_rejections_;
 
   mutable std::mutex mu_;  // guards the caches below and model_info_ replacement
   std::map<std::pair<std::string, std::string>, prometheus::Counter*> request_counters_;

@@ -15,6 +15,7 @@
 #include "core/nn/ensemble.h"
 #include "proto/cosmoflow.grpc.pb.h"
 #include "server/kserve.h"
+#include "server/stream_limits.h"
 #include "server/validate.h"
 
 namespace cosmoflow {
@@ -106,7 +107,10 @@ void FillResponse(const std::string& request_id, const InferenceResult& r, Clock
 
 class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
  public:
-  explicit Service(InferenceServer* server) : server_(server) {}
+  explicit Service(InferenceServer* server)
+      : server_(server),
+        stream_limits_(server->options_.max_streams_per_connection,
+                       server->options_.stream_idle_timeout, &server->metrics_) {}
 
   // Validates one request into a batcher entry (the batcher transforms it into the network's input
   // when its batch runs). `request` must outlive `done`.
@@ -126,6 +130,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
     auto item = std::make_unique<InferenceRequest>();
     item->cube = view;
     if (ctx) {
+      item->connection = ctx->peer();
       item->deadline = ctx->deadline();
       item->cancelled = [ctx] { return ctx->IsCancelled(); };
     }
@@ -233,7 +238,13 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
 
   grpc::ServerBidiReactor<v1::PredictRequest, v1::PredictStreamResponse>* PredictStream(
       grpc::CallbackServerContext* ctx) override {
-    return new StreamReactor(this, ctx);
+    auto* stream = new StreamReactor(this, ctx);
+    if (Status s = stream_limits_.Open(ctx->peer(), stream); !s.ok()) {
+      stream->Refuse(ToGrpcStatus(s));
+    } else {
+      stream->Start();
+    }
+    return stream;
   }
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
@@ -292,15 +303,41 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
   // OnDone, which gRPC calls only after Finish, and Finish is called only once reading has ended,
   // no cube is in the batcher and no write is pending; so no batcher callback can outlive it.
   class StreamReactor final
-      : public grpc::ServerBidiReactor<v1::PredictRequest, v1::PredictStreamResponse> {
+      : public grpc::ServerBidiReactor<v1::PredictRequest, v1::PredictStreamResponse>,
+        public IdleStream {
    public:
     StreamReactor(Service* service, grpc::CallbackServerContext* ctx)
-        : service_(service), ctx_(ctx) {
+        : service_(service), ctx_(ctx), connection_(ctx->peer()) {}
+
+    // Exactly one of Start (the stream is admitted: read its first message) and Refuse.
+    void Start() {
       incoming_ = std::make_unique<v1::PredictRequest>();
       StartRead(incoming_.get());
     }
+    void Refuse(const grpc::Status& status) {
+      refused_ = true;
+      service_->Record("PredictStream", status, Clock::now());
+      Finish(status);
+    }
+
+    bool TryExpire(Clock::time_point idle_since) override {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_ || pending_ > 0 || writing_ || last_activity_ > idle_since) return false;
+      finished_ = true;
+      return true;
+    }
+    void FinishIdle(const grpc::Status& status) override {
+      service_->Record("PredictStream", status, Clock::now());
+      Finish(status);  // the outstanding read then completes with ok = false
+    }
 
     void OnReadDone(bool ok) override {
+      if (ok) {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_activity_ = Clock::now();
+        // Expired while this message arrived: nothing may be written after Finish.
+        if (finished_) return;
+      }
       if (!ok) {  // the client half-closed, or the call is broken
         bool finish;
         {
@@ -383,7 +420,10 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       }
     }
 
-    void OnDone() override { delete this; }
+    void OnDone() override {
+      if (!refused_) service_->stream_limits_.Close(connection_, this);
+      delete this;
+    }
 
    private:
     void Reply(std::unique_ptr<v1::PredictStreamResponse> reply, bool was_pending) {
@@ -391,6 +431,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
       bool finish;
       {
         std::lock_guard<std::mutex> lock(mu_);
+        last_activity_ = Clock::now();
         if (was_pending) --pending_;
         if (!broken_) {
           writes_.push_back(std::move(reply));
@@ -417,6 +458,9 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
 
     Service* service_;
     grpc::CallbackServerContext* ctx_;
+    const std::string connection_;
+    bool refused_ = false;  // by the per-connection stream limit: never registered
+    Clock::time_point last_activity_ = Clock::now();  // last message received or reply queued
     std::unique_ptr<v1::PredictRequest> incoming_;  // target of the one outstanding read
     std::mutex mu_;
     std::deque<std::unique_ptr<v1::PredictStreamResponse>> writes_;  // front() is being written
@@ -428,6 +472,7 @@ class InferenceServer::Service final : public v1::CosmoFlow::CallbackService {
   };
 
   InferenceServer* server_;
+  StreamLimits stream_limits_;
 };
 
 // ---- the server ----
@@ -461,6 +506,9 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   if (options.max_queue < 1)
     return InvalidArgumentError("--max-queue " + std::to_string(options.max_queue) +
                                 " must be positive");
+  if (options.max_inflight_per_connection < 0 || options.max_streams_per_connection < 0 ||
+      options.stream_idle_timeout.count() < 0)
+    return InvalidArgumentError("per-connection limits must not be negative");
   if (options.max_message_bytes < 1024 || options.max_message_bytes > (int64_t{2} << 30) - 1)
     return InvalidArgumentError("--max-message-bytes " + std::to_string(options.max_message_bytes) +
                                 " is outside [1 KiB, 2 GiB)");
@@ -499,6 +547,9 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   batcher_options.max_queue = options.max_queue;
   batcher_options.max_prepare_wait = options.max_prepare_wait;
   batcher_options.adaptive = options.adaptive_batching;
+  batcher_options.max_inflight_per_connection =
+      options.max_inflight_per_connection > 0 ? options.max_inflight_per_connection
+                                              : options.max_queue;
   server->batcher_ = std::make_unique<Batcher>(batcher_options, &server->metrics_);
   server->service_ = std::make_unique<Service>(server.get());
 

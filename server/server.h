@@ -43,6 +43,12 @@ struct ServerOptions {
   // Extra wait for requests still being validated when a batch is due (BatcherOptions).
   std::chrono::microseconds max_prepare_wait{50000};
   bool adaptive_batching = true;  // see BatcherOptions::adaptive
+  // Per-connection limits (a connection is one client channel, grpc::ServerContext::peer()):
+  // cubes queued or computing (0: as many as the queue holds), open PredictStream calls (0: no
+  // limit), and how long a stream may sit with nothing to do before it is closed (0: forever).
+  int max_inflight_per_connection = 0;
+  int max_streams_per_connection = 16;
+  std::chrono::milliseconds stream_idle_timeout{300000};
   // Largest message accepted and sent, both ways (gRPC's default of 4 MiB is below one 128^3
   // float32 cube). Larger requests get RESOURCE_EXHAUSTED from gRPC itself.
   int64_t max_message_bytes = 64 << 20;

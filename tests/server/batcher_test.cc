@@ -217,6 +217,41 @@ TEST_F(BatcherTest, FullQueueRefusesAllOrNothing) {
   EXPECT_EQ(batcher.Submit(late).code(), StatusCode::kUnavailable);
 }
 
+// One connection cannot hold more than its share of the queue; another connection still gets in,
+// and answered cubes free their connection's slots.
+TEST_F(BatcherTest, PerConnectionLimitRefusesOnlyThatConnection) {
+  BatcherOptions o = Options(false, kForever);
+  o.max_inflight_per_connection = 2;
+  Metrics metrics;
+  Batcher batcher(o, &metrics);
+  batcher.SetModel(model_);
+  auto on = [](std::vector<std::unique_ptr<InferenceRequest>> requests, const char* connection) {
+    for (auto& r : requests) r->connection = connection;
+    return requests;
+  };
+  auto a = on(Requests(0, 2), "ipv4:10.0.0.1:5000");
+  ASSERT_TRUE(batcher.Submit(a).ok());
+  auto a_more = on(Requests(2, 1), "ipv4:10.0.0.1:5000");
+  Status s = batcher.Submit(a_more);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("allows 2 per connection"), std::string::npos) << s.message();
+  EXPECT_EQ(a_more.size(), 1u);  // refused: still the caller's
+  auto b = on(Requests(3, 2), "ipv4:10.0.0.2:6000");
+  ASSERT_TRUE(batcher.Submit(b).ok());  // another connection; the batch of 4 is now full
+  ASSERT_TRUE(answers_.WaitFor(4));
+  auto a_again = on(Requests(5, 2), "ipv4:10.0.0.1:5000");  // A's cubes answered: slots free
+  ASSERT_TRUE(batcher.Submit(a_again).ok());
+  auto unlabelled = Requests(7, 1);  // no connection: not counted
+  ASSERT_TRUE(batcher.Submit(unlabelled).ok());
+  EXPECT_NE(metrics.Serialize().find(
+                "cosmoflow_limit_rejections_total{limit=\"inflight_per_connection\"} 1"),
+            std::string::npos)
+      << metrics.Serialize();
+  batcher.Stop();
+  ASSERT_EQ(answers_.size(), 7u);
+  for (const auto& answer : answers_.Get()) EXPECT_TRUE(answer.status.ok()) << answer.id;
+}
+
 TEST_F(BatcherTest, RequestsThatMustNotBeComputedGetTheReason) {
   {
     Batcher batcher(Options(false, kForever), nullptr);

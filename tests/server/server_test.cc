@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <set>
+#include <thread>
 
 #include "tests/server/server_test_util.h"
 
@@ -581,8 +582,9 @@ TEST_F(ServerTest, BadReloadKeepsTheOldModel) {
     auto ctx = AdminContext(token_);
     grpc::Status s = stub_->ReloadModel(ctx.get(), reload, &resp);
     EXPECT_EQ(s.error_code(), code) << path << ": " << s.error_message();
-    if (code == StatusCode::FAILED_PRECONDITION)
+    if (code == StatusCode::FAILED_PRECONDITION) {
       EXPECT_NE(s.error_message().find(path), std::string::npos) << s.error_message();
+    }
     EXPECT_EQ(ModelVersion(), version);
     v1::PredictResponse presp;
     EXPECT_TRUE(Predict(MakeInt16Request(RandomCounts(1, kVoxels)), &presp).ok());
@@ -673,6 +675,116 @@ TEST_F(ServerTest, ReflectionListsTheService) {
       "1)\n";
   std::ofstream(dir_ / "reflect.py") << script;
   EXPECT_EQ(std::system(("/usr/bin/python3 " + (dir_ / "reflect.py")).c_str()), 0);
+}
+
+// A channel with its own TCP connection (gRPC otherwise shares one between identical channels).
+std::shared_ptr<grpc::Channel> SeparateConnection(int port) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  args.SetInt("grpc.use_local_subchannel_pool", 1);
+  return grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+using Stream = grpc::ClientReaderWriter<v1::PredictRequest, v1::PredictStreamResponse>;
+
+// Sends one cube on `stream` and reads its answer: the stream is established and admitted.
+bool RoundTrip(Stream* stream, const std::vector<int16_t>& counts) {
+  v1::PredictStreamResponse r;
+  return stream->Write(MakeInt16Request(counts, "x")) && stream->Read(&r) && r.code() == 0;
+}
+
+TEST_F(ServerTest, OpenStreamsPerConnectionAreLimited) {
+  ServerOptions o = Options();
+  o.max_streams_per_connection = 2;
+  StartServer(o);
+  const auto counts = RandomCounts(5, kVoxels);
+  auto channel = SeparateConnection(server_->port());
+  auto stub = v1::CosmoFlow::NewStub(channel);
+  grpc::ClientContext c1, c2, c3, c4;
+  auto s1 = stub->PredictStream(&c1);
+  auto s2 = stub->PredictStream(&c2);
+  ASSERT_TRUE(RoundTrip(s1.get(), counts));
+  ASSERT_TRUE(RoundTrip(s2.get(), counts));
+  auto s3 = stub->PredictStream(&c3);  // the third on this connection
+  v1::PredictStreamResponse r;
+  s3->Write(MakeInt16Request(counts, "x"));
+  EXPECT_FALSE(s3->Read(&r));
+  grpc::Status refused = s3->Finish();
+  EXPECT_EQ(refused.error_code(), StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("allows 2 per connection"), std::string::npos)
+      << refused.error_message();
+
+  // Another connection is not affected; closing a stream frees its slot.
+  auto other = v1::CosmoFlow::NewStub(SeparateConnection(server_->port()));
+  grpc::ClientContext c5;
+  auto s5 = other->PredictStream(&c5);
+  EXPECT_TRUE(RoundTrip(s5.get(), counts));
+  s1->WritesDone();
+  EXPECT_TRUE(s1->Finish().ok());
+  bool admitted = false;
+  for (int i = 0; i < 100 && !admitted; ++i) {  // the server counts the close when OnDone runs
+    grpc::ClientContext c;
+    auto s = stub->PredictStream(&c);
+    admitted = RoundTrip(s.get(), counts);
+    s->WritesDone();
+    s->Finish();
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(admitted);
+  for (auto* s : {s2.get(), s5.get()}) {
+    s->WritesDone();
+    EXPECT_TRUE(s->Finish().ok());
+  }
+  EXPECT_GE(MetricValue(server_->metrics().Serialize(), "cosmoflow_limit_rejections_total",
+                        "limit=\"streams_per_connection\""),
+            1);
+}
+
+TEST_F(ServerTest, IdleStreamIsClosedAndABusyOneIsNot) {
+  ServerOptions o = Options();
+  o.stream_idle_timeout = std::chrono::milliseconds(300);
+  StartServer(o);
+  const auto counts = RandomCounts(6, kVoxels);
+  grpc::ClientContext idle_ctx, busy_ctx;
+  auto idle = stub_->PredictStream(&idle_ctx);
+  auto busy = stub_->PredictStream(&busy_ctx);
+  ASSERT_TRUE(RoundTrip(idle.get(), counts));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 12; ++i) {  // 1.2 s of one cube every 100 ms: never idle for 300 ms
+    ASSERT_TRUE(RoundTrip(busy.get(), counts)) << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  v1::PredictStreamResponse r;
+  EXPECT_FALSE(idle->Read(&r));  // closed by the server, long before the 1.2 s were over
+  grpc::Status closed = idle->Finish();
+  EXPECT_EQ(closed.error_code(), StatusCode::RESOURCE_EXHAUSTED) << closed.error_message();
+  EXPECT_NE(closed.error_message().find("idle for 300 ms"), std::string::npos)
+      << closed.error_message();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+  busy->WritesDone();
+  EXPECT_TRUE(busy->Finish().ok());
+  EXPECT_EQ(MetricValue(server_->metrics().Serialize(), "cosmoflow_limit_rejections_total",
+                        "limit=\"stream_idle\""),
+            1);
+}
+
+TEST_F(ServerTest, InflightCubesPerConnectionAreLimited) {
+  ServerOptions o = Options();
+  o.max_inflight_per_connection = 3;
+  StartServer(o);
+  v1::PredictBatchRequest batch;
+  for (int i = 0; i < 4; ++i) *batch.add_requests() = MakeInt16Request(RandomCounts(i, kVoxels));
+  v1::PredictBatchResponse resp;
+  auto ctx = ContextWithDeadline();
+  grpc::Status s = stub_->PredictBatch(ctx.get(), batch, &resp);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("allows 3 per connection"), std::string::npos)
+      << s.error_message();
+  batch.mutable_requests()->RemoveLast();
+  ctx = ContextWithDeadline();
+  EXPECT_TRUE(stub_->PredictBatch(ctx.get(), batch, &resp).ok());
 }
 
 }  // namespace
