@@ -499,7 +499,9 @@ void LimitMallocArenas() {
 
 InferenceServer::InferenceServer(const ServerOptions& options) : options_(options) {}
 
-StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOptions& options) {
+namespace {
+
+Status ValidateOptions(const ServerOptions& options) {
   if (options.max_batch < 1 || options.max_batch > 256)
     return InvalidArgumentError("--max-batch " + std::to_string(options.max_batch) +
                                 " is outside [1, 256]");
@@ -512,6 +514,26 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   if (options.max_message_bytes < 1024 || options.max_message_bytes > (int64_t{2} << 30) - 1)
     return InvalidArgumentError("--max-message-bytes " + std::to_string(options.max_message_bytes) +
                                 " is outside [1 KiB, 2 GiB)");
+  return Status::Ok();
+}
+
+BatcherOptions BatcherOptionsFor(const ServerOptions& options) {
+  BatcherOptions b;
+  b.max_batch = options.max_batch;
+  b.max_queue_delay = options.max_queue_delay;
+  b.max_queue = options.max_queue;
+  b.max_prepare_wait = options.max_prepare_wait;
+  b.adaptive = options.adaptive_batching;
+  b.max_inflight_per_connection = options.max_inflight_per_connection > 0
+                                      ? options.max_inflight_per_connection
+                                      : options.max_queue;
+  return b;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOptions& options) {
+  CF_RETURN_IF_ERROR(ValidateOptions(options));
 
   std::unique_ptr<InferenceServer> server(new InferenceServer(options));
   CF_ASSIGN_OR_RETURN(server->admin_,
@@ -541,16 +563,7 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
     return InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
   }
 
-  BatcherOptions batcher_options;
-  batcher_options.max_batch = options.max_batch;
-  batcher_options.max_queue_delay = options.max_queue_delay;
-  batcher_options.max_queue = options.max_queue;
-  batcher_options.max_prepare_wait = options.max_prepare_wait;
-  batcher_options.adaptive = options.adaptive_batching;
-  batcher_options.max_inflight_per_connection =
-      options.max_inflight_per_connection > 0 ? options.max_inflight_per_connection
-                                              : options.max_queue;
-  server->batcher_ = std::make_unique<Batcher>(batcher_options, &server->metrics_);
+  server->batcher_ = std::make_unique<Batcher>(BatcherOptionsFor(options), &server->metrics_);
   server->service_ = std::make_unique<Service>(server.get());
 
   grpc::EnableDefaultHealthCheckService(true);
