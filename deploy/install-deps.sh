@@ -55,6 +55,8 @@ pkgs=(
   clang-14 libclang-rt-14-dev libomp-14-dev
 )
 if [ "$want_peer" = 1 ]; then pkgs+=(libtcmalloc-minimal4); fi
+# deploy/kubernetes is rendered by `kubectl kustomize` in the tests; any kubectl will do.
+command -v kubectl > /dev/null || pkgs+=(kubernetes-client)
 
 missing=()
 for p in "${pkgs[@]}"; do
