@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "client/channel.h"
 #include "core/base/flags.h"
 #include "core/io/dataset.h"
 #include "core/io/npy.h"
@@ -263,7 +264,8 @@ struct CallOptions {
   bool json = false;
 };
 
-// The channel to --address, with TLS when --tls-* is given. Returns kExitOk, or the exit code of a
+// The channel to --address (one server, or replicas: client/channel.h), with TLS when --tls-* is
+// given. Returns kExitOk, or the exit code of a
 // bad flag or an unreadable TLS file (after printing why).
 int Connect(const CallOptions& call, std::shared_ptr<grpc::Channel>* channel) {
   const Flags& flags = call.flags;
@@ -292,7 +294,7 @@ int Connect(const CallOptions& call, std::shared_ptr<grpc::Channel>* channel) {
     creds = grpc::SslCredentials(ssl);
     if (flags.Has("tls-server-name")) args.SetSslTargetNameOverride(flags.Get("tls-server-name"));
   }
-  *channel = grpc::CreateCustomChannel(address, creds, args);
+  *channel = MakeClientChannel(address, creds, args);
   return kExitOk;
 }
 
@@ -468,7 +470,9 @@ constexpr Command kCommands[] = {
 };
 
 constexpr char kFlagsUsage[] = R"(flags:
-  --address HOST:PORT      server (default 127.0.0.1:8500)
+  --address TARGET         server HOST:PORT (default 127.0.0.1:8500), or replicas:
+                           ipv4:H1:P1,H2:P2,... or dns:///NAME:PORT (round_robin, health-checked,
+                           UNAVAILABLE retried)
   --timeout S              deadline per call (default 30)
   --max-message-bytes N    receive/send limit (default 67108864)
   --tls-ca PEM             use TLS, trusting this CA  [--tls-cert PEM --tls-key PEM] client certificate
