@@ -79,6 +79,10 @@ const FlagInfo kFlags[] = {
      "with an uncertainty head: nll (the NLL trains the means too) | mse (the means get the MSE "
      "gradient, the covariance the NLL's) [nll]",
      false},
+    {"watchdog-timeout-s",
+     "abort the job (exit 76) after this long without progress, or 10x the slowest step if "
+     "longer; 0 = never [300]",
+     false},
     {"debug-die-at-step", "test hook: rank --debug-die-rank exits abruptly at this step [-1]",
      false},
     {"debug-die-rank", "test hook: which rank dies [-1]", false},
@@ -248,6 +252,8 @@ std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, cons
     o.debug_die_rank = static_cast<int>(x);
   } else if (k == "debug-step-sleep") {
     CF_ASSIGN_OR_RETURN(o.debug_step_sleep, ToDouble(k, v, 0, 3600));
+  } else if (k == "watchdog-timeout-s") {
+    CF_ASSIGN_OR_RETURN(o.watchdog_timeout_s, ToDouble(k, v, 0, 1e7));
   } else {
     return std::nullopt;
   }

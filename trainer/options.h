@@ -48,6 +48,9 @@ struct TrainerOptions {
   int64_t check_weights_every = 0;  // steps; 0 = every 100 steps in deterministic mode, else never
   double bucket_mb = 25;
   std::string allreduce = "thread";  // thread (communication thread) | nonblocking (MPI_Iallreduce)
+  // Abort the job (exit code 76) when training makes no progress for this long, or 10x the
+  // slowest step if longer (trainer/watchdog.h); 0 = never.
+  double watchdog_timeout_s = 300;
   // Uncertainty (docs/training.md).
   int members = 1;                   // deep ensemble of K runs: OUT/members/m<k>, seed + k
   int64_t mse_warmup_epochs = 0;     // with an uncertainty head: MSE on the means first

@@ -30,8 +30,9 @@
 #include "trainer/run_log.h"
 #include "trainer/sampler.h"
 #include "trainer/signals.h"
-#include "trainer/uncertainty_run.h"
 #include "trainer/train_step.h"
+#include "trainer/uncertainty_run.h"
+#include "trainer/watchdog.h"
 
 #ifndef COSMOFLOW_GIT_REV
 #define COSMOFLOW_GIT_REV "unknown"
@@ -255,6 +256,7 @@ class Trainer {
   std::unique_ptr<Network> net_, val_net_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradientAllreducer> reducer_;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::unique_ptr<LrRecipeSchedule> schedule_;
   std::unique_ptr<RunLog> log_;
   std::string ckpt_dir_;
@@ -878,6 +880,9 @@ int Trainer::Run() {
   Status setup = Setup();
   if (!setup.ok()) return Fail(setup);
   LogRunDescription();
+  watchdog_ = std::make_unique<CollectiveWatchdog>(
+      world_.comm, world_.rank,
+      std::chrono::milliseconds(int64_t(opt_.watchdog_timeout_s * 1000)));
 
   PrefetchLoader loader(train_source_.get(), TrainingPlan(), TrainingLoaderConfig());
   const size_t outputs = spec_.NetworkOutputs();
@@ -886,16 +891,24 @@ int Trainer::Run() {
   while (step_ < total_steps_) {
     const auto t0 = Clock::now();
     StepTimes times;
+    watchdog_->Enter("the input pipeline", step_);
     const PrefetchedBatch* batch = loader.Next(&times.data_wait);
+    watchdog_->Enter("the step-boundary allreduce", step_);
     if (std::optional<int> code = StepBoundary(loader, batch, &times.comm)) return *code;
+    watchdog_->Enter("the training step (forward, backward, gradient allreduce)", step_);
     TrainStep(loader, batch, &times.comm);
     RecordTiming(Seconds(t0, Clock::now()), times);
+    watchdog_->StepTook(Seconds(t0, Clock::now()));
+    watchdog_->Enter("the progress and weight checks", step_);
     std::optional<int> code = MaybeLogProgress();
     if (!code) code = MaybeCheckWeights();
+    watchdog_->Enter("validation", step_);
     if (!code) code = MaybeValidate();
+    watchdog_->Enter("checkpointing", step_);
     if (!code) code = MaybeCheckpoint();
     if (code) return *code;
   }
+  watchdog_->Enter("the final validation and checkpoint", step_);
   return Finish();
 }
 

@@ -322,6 +322,33 @@ TEST_F(TrainerE2ETest, ARankThatDiesMakesTheJobFailPromptly) {
   EXPECT_NE(r.err.find("dying now"), std::string::npos) << r.err;
 }
 
+// A rank frozen with SIGSTOP leaves the others waiting in a collective: the watchdog of the one
+// still running names the step and the phase and aborts the whole job with exit code 76, within
+// the timeout plus a second or two, instead of hanging until the allocation ends.
+TEST_F(TrainerE2ETest, AFrozenRankMakesTheWatchdogAbortTheJob) {
+  const std::string out = dir_ + "/run", log = dir_ + "/job.log";
+  const pid_t job = Spawn(Mpirun(2) + " --train=" + data_ + "/train.h5 --out=" + out +
+                              " --spec=tiny32 --batch=2 --epochs=50 --log-every=1" +
+                              " --debug-step-sleep=0.02 --watchdog-timeout-s=4",
+                          log);
+  ASSERT_TRUE(WaitForFileContaining(out + "/train_log.csv", "\ntrain,0,3,", 60)) << ReadFile(log);
+  std::vector<pid_t> ranks = Children(job);
+  ASSERT_EQ(ranks.size(), 2u) << "mpirun's children";
+  const auto frozen_at = std::chrono::steady_clock::now();
+  kill(ranks.back(), SIGSTOP);
+  const int code = WaitFor(job, 60);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen_at).count();
+  for (pid_t r : ranks) kill(r, SIGKILL);  // in case mpirun left the stopped one behind
+  const std::string err = ReadFile(log);
+  EXPECT_EQ(code, 76) << err;
+  EXPECT_GE(seconds, 4) << err;
+  EXPECT_LT(seconds, 20) << err;
+  EXPECT_NE(err.find("watchdog: no progress for"), std::string::npos) << err;
+  EXPECT_NE(err.find(" at step "), std::string::npos) << err;
+  std::printf("frozen rank: the job ended %.1f s later with exit code %d\n", seconds, code);
+}
+
 TEST_F(TrainerE2ETest, KillDashNineDuringSavesNeverLeavesALoadableBrokenCheckpoint) {
   // One rank (the writer) checkpointing every step; SIGKILL at varying moments, repeatedly.
   const std::string out = dir_ + "/run";
