@@ -68,6 +68,10 @@ const FlagInfo kFlags[] = {
      "thread (a communication thread allreduces buckets during backward) | nonblocking "
      "(MPI_Iallreduce) [thread]",
      false},
+    {"ensemble-prune-ratio",
+     "with --members: leave out members whose validation error is above this many times the "
+     "median member's; 0 keeps all [1.5]",
+     false},
     {"members",
      "deep ensemble: train K members one after the other in OUT/members/m<k> (seed --seed + k), "
      "then write OUT/ensemble.json for the server [1]",
@@ -237,6 +241,8 @@ std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, cons
   } else if (k == "allreduce") {
     if (v != "thread" && v != "nonblocking") return Bad(k, v, "expected thread or nonblocking");
     o.allreduce = v;
+  } else if (k == "ensemble-prune-ratio") {
+    CF_ASSIGN_OR_RETURN(o.ensemble_prune_ratio, ToDouble(k, v, 0, 1e6));
   } else if (k == "members") {
     CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 64));
     o.members = static_cast<int>(x);

@@ -53,6 +53,9 @@ struct TrainerOptions {
   double watchdog_timeout_s = 300;
   // Uncertainty (docs/training.md).
   int members = 1;                   // deep ensemble of K runs: OUT/members/m<k>, seed + k
+  // Members whose validation error is above this many times the median member's are left out of
+  // the ensemble (SelectMembers in uncertainty_run.h); 0 keeps every member.
+  double ensemble_prune_ratio = 1.5;
   int64_t mse_warmup_epochs = 0;     // with an uncertainty head: MSE on the means first
   std::string mean_gradient = "nll";  // nll | mse: what trains the means under the NLL
   // Test hooks (documented, harmless): make a rank die or stall, to test failure paths.

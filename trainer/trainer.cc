@@ -1107,7 +1107,27 @@ struct MemberResult {
 
 // Rank 0, once every member has finished: the members' validation posteriors combined as a
 // mixture (OUT/val_predictions.csv), the calibration fitted on them and the manifest.
-Status FinishEnsemble(const TrainerOptions& o, const std::vector<MemberResult>& members) {
+// The members the ensemble keeps (all without a validation set), with the reason logged.
+std::vector<MemberResult> KeptMembers(const TrainerOptions& o, const std::vector<MemberResult>& all) {
+  if (o.val_path.empty()) return all;
+  std::vector<ValidationPosteriors> posteriors;
+  for (const MemberResult& m : all) posteriors.push_back(m.posteriors);
+  std::vector<double> errors;
+  const std::vector<int> kept = SelectMembers(all[0].spec, posteriors, o.ensemble_prune_ratio, &errors);
+  std::vector<MemberResult> out;
+  for (int k : kept) out.push_back(all[size_t(k)]);
+  std::ostringstream os;
+  os << "ensemble members' validation MSE (normalised, summed over outputs):";
+  for (size_t k = 0; k < all.size(); ++k)
+    os << " m" << k << " " << errors[k]
+       << (std::find(kept.begin(), kept.end(), int(k)) == kept.end() ? " (left out)" : "");
+  CF_LOG(INFO) << os.str() << "; keeping " << kept.size() << " of " << all.size()
+               << " (--ensemble-prune-ratio " << o.ensemble_prune_ratio << " x the median)";
+  return out;
+}
+
+Status FinishEnsemble(const TrainerOptions& o, const std::vector<MemberResult>& all) {
+  const std::vector<MemberResult> members = KeptMembers(o, all);
   const ModelSpec& spec = members[0].spec;
   Calibration calibration;
   if (!o.val_path.empty()) {

@@ -100,6 +100,29 @@ Status LabelRange(const Dataset& dataset, const std::vector<int>& column, std::v
   return Status::Ok();
 }
 
+std::vector<int> SelectMembers(const ModelSpec& spec,
+                               const std::vector<ValidationPosteriors>& members, double max_ratio,
+                               std::vector<double>* errors) {
+  errors->clear();
+  for (const ValidationPosteriors& m : members) {
+    double sum = 0;
+    for (size_t i = 0; i < m.mean.size(); ++i) sum += (m.mean[i] - m.truth[i]) * (m.mean[i] - m.truth[i]);
+    errors->push_back(m.size() > 0 ? sum / double(m.size()) : 0.0);
+  }
+  std::vector<double> sorted = *errors;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.empty() ? 0.0
+                                       : (sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                                            : 0.5 * (sorted[sorted.size() / 2 - 1] +
+                                                                     sorted[sorted.size() / 2]));
+  std::vector<int> kept;
+  for (size_t k = 0; k < members.size(); ++k)
+    if (max_ratio <= 0 || (*errors)[k] <= max_ratio * median) kept.push_back(int(k));
+  if (kept.empty() && !members.empty())  // cannot happen for max_ratio >= 1; keep the best anyway
+    kept.push_back(int(std::min_element(errors->begin(), errors->end()) - errors->begin()));
+  return kept;
+}
+
 StatusOr<ValidationPosteriors> CombineMembers(const ModelSpec& spec,
                                               const std::vector<ValidationPosteriors>& members) {
   if (members.empty()) return InvalidArgumentError("ensemble: no members to combine");

@@ -57,6 +57,15 @@ Status LabelRange(const Dataset& dataset, const std::vector<int>& column, std::v
 StatusOr<ValidationPosteriors> CombineMembers(const ModelSpec& spec,
                                               const std::vector<ValidationPosteriors>& members);
 
+// Which members an ensemble keeps: a member whose validation error (mean squared error of its
+// means, normalised units, summed over the outputs) is above `max_ratio` times the median
+// member's is left out (a run that failed to train drags the equal-weight mixture's mean and
+// inflates its spread); at least one member is always kept; max_ratio <= 0 keeps all. Returns
+// the kept indices, in order, and each member's error in *errors.
+std::vector<int> SelectMembers(const ModelSpec& spec,
+                               const std::vector<ValidationPosteriors>& members, double max_ratio,
+                               std::vector<double>* errors);
+
 // Writes "ensemble.json" in `out_dir`, listing `member_checkpoints` (paths relative to out_dir)
 // with their checksums (each checkpoint is read and verified) and `calibration` (the factors
 // fitted on the members' combined validation posteriors; may be empty).

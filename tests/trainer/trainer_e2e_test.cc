@@ -540,7 +540,7 @@ TEST_F(TrainerE2ETest, EnsembleWithUncertaintyHeadWritesACalibratedManifest) {
   std::ofstream(dir_ + "/full.json") << spec.ToJson();
   const std::string out = dir_ + "/ens";
   const std::string flags = "--spec=" + dir_ + "/full.json --val=" + data_ + "/val.h5 --epochs=2 --batch=4 " +
-                            "--recipe=sc18 --members=3 --mse-warmup-epochs=1 --mean-gradient=mse";
+                            "--recipe=sc18 --members=3 --mse-warmup-epochs=1 --mean-gradient=mse --ensemble-prune-ratio=0";
   RunResult r = Train(2, out, flags, 240);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto e = LoadEnsemble(out + "/ensemble.json");
