@@ -10,10 +10,14 @@ bool IsReplicaTarget(const std::string& target) {
 
 std::shared_ptr<grpc::Channel> MakeClientChannel(const std::string& target,
                                                  std::shared_ptr<grpc::ChannelCredentials> creds,
-                                                 grpc::ChannelArguments args) {
+                                                 grpc::ChannelArguments args,
+                                                 std::chrono::milliseconds keepalive) {
   if (IsReplicaTarget(target)) {
     args.SetServiceConfigJSON(kReplicaServiceConfig);
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, int(keepalive.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, int(keepalive.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   }
   return grpc::CreateCustomChannel(target, creds, args);
 }

@@ -9,6 +9,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -29,9 +30,12 @@ inline constexpr const char* kReplicaServiceConfig = R"({
 // True for a target with a scheme (ipv4:, ipv6:, dns:, unix:...): the replica form.
 bool IsReplicaTarget(const std::string& target);
 
-// The channel to `target` with `args`; for a replica target, kReplicaServiceConfig as well.
-std::shared_ptr<grpc::Channel> MakeClientChannel(const std::string& target,
-                                                 std::shared_ptr<grpc::ChannelCredentials> creds,
-                                                 grpc::ChannelArguments args);
+// The channel to `target` with `args`; for a replica target, kReplicaServiceConfig as well, and
+// keepalive pings every `keepalive` (answered within the same time) so that a replica behind a
+// dead link, which sends no reset, is dropped and its calls retried elsewhere. The server accepts
+// pings down to 1 s apart.
+std::shared_ptr<grpc::Channel> MakeClientChannel(
+    const std::string& target, std::shared_ptr<grpc::ChannelCredentials> creds,
+    grpc::ChannelArguments args, std::chrono::milliseconds keepalive = std::chrono::seconds(10));
 
 }  // namespace cosmoflow

@@ -579,6 +579,11 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
   kserve.server_version = COSMOFLOW_VERSION;
   server->kserve_service_ = MakeKServeService(std::move(kserve));
   builder.RegisterService(server->kserve_service_.get());
+  // Clients of replicas ping every few seconds to find dead links (client/channel.h): accept
+  // pings down to 1 s apart, with or without calls, instead of closing the connection.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.SetMaxReceiveMessageSize(int(options.max_message_bytes));
   builder.SetMaxSendMessageSize(int(options.max_message_bytes));
   server->server_ = builder.BuildAndStart();

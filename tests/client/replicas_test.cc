@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -25,33 +26,51 @@ const std::string kBin = COSMOFLOW_BINARY_DIR;
 struct Replica {
   pid_t pid = 0;
   int port = 0, metrics_port = 0;
+  std::string ip;
+};
+
+// Where a replica runs: argv prefix (empty on this host; `ip netns exec NS ...` on a test host)
+// and the address it listens on.
+struct Host {
+  std::vector<std::string> prefix;
+  std::string ip = "127.0.0.1";
 };
 
 class ReplicasTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartReplicas({Host{}, Host{}, Host{}}); }
+
+  void StartReplicas(const std::vector<Host>& hosts) {
     const std::string ckpt = WriteTinyCheckpoint(dir_ / "model.h5", 3);
-    for (int i = 0; i < 3; ++i) {
+    for (size_t i = 0; i < hosts.size(); ++i) {
       const std::string n = std::to_string(i);
+      std::vector<std::string> argv = hosts[i].prefix;
+      for (const std::string& a :
+           {kBin + "/server/cosmoflow-server", std::string("--checkpoint"), ckpt,
+            std::string("--address"), hosts[i].ip + ":0", std::string("--port-file"),
+            std::string(dir_ / ("port" + n)), std::string("--metrics-address"),
+            hosts[i].ip + ":0", std::string("--metrics-port-file"), std::string(dir_ / ("mport" + n)),
+            std::string("--drain-timeout-s"), std::string("5"), std::string("--watch-interval-ms"),
+            std::string("0")})
+        argv.push_back(a);
       Replica r;
-      r.pid = Spawn({kBin + "/server/cosmoflow-server", "--checkpoint", ckpt, "--address",
-                     "127.0.0.1:0", "--port-file", dir_ / ("port" + n), "--metrics-address",
-                     "127.0.0.1:0", "--metrics-port-file", dir_ / ("mport" + n),
-                     "--drain-timeout-s", "5", "--watch-interval-ms", "0"},
-                    dir_ / ("server" + n + ".log"));
+      r.ip = hosts[i].ip;
+      r.pid = Spawn(argv, dir_ / ("server" + n + ".log"));
       r.port = ReadPortFile(dir_ / ("port" + n), std::chrono::seconds(60));
       r.metrics_port = ReadPortFile(dir_ / ("mport" + n), std::chrono::seconds(60));
       ASSERT_GT(r.port, 0) << ReadFileText(dir_ / ("server" + n + ".log"));
       replicas_.push_back(r);
-      target_ += (i ? "," : "ipv4:") + std::string("127.0.0.1:") + std::to_string(r.port);
+      target_ += (i ? "," : "ipv4:") + r.ip + ":" + std::to_string(r.port);
     }
     for (const Replica& r : replicas_)  // each one SERVING (model loaded) before the test starts
-      for (int k = 0; k < 600 && Health(r.port) != grpc::health::v1::HealthCheckResponse::SERVING; ++k)
+      for (int k = 0; k < 600 && Health(r.port, "", r.ip) != grpc::health::v1::HealthCheckResponse::SERVING; ++k)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     args.SetMaxSendMessageSize(64 << 20);
-    stub_ = v1::CosmoFlow::NewStub(MakeClientChannel(target_, grpc::InsecureChannelCredentials(), args));
+    // Pings every second: a replica behind a cut link is found within ~2 s.
+    stub_ = v1::CosmoFlow::NewStub(MakeClientChannel(target_, grpc::InsecureChannelCredentials(),
+                                                     args, std::chrono::seconds(1)));
     request_ = MakeInt16Request(RandomCounts(9, kVoxels));
   }
   void TearDown() override {
@@ -63,7 +82,7 @@ class ReplicasTest : public ::testing::Test {
   }
 
   double Predicted(const Replica& r) {
-    return MetricValue(HttpGet(r.metrics_port, "/metrics"), "cosmoflow_requests_total",
+    return MetricValue(HttpGet(r.metrics_port, "/metrics", r.ip), "cosmoflow_requests_total",
                        "code=\"OK\",method=\"Predict\"");
   }
 
@@ -152,6 +171,71 @@ TEST_F(ReplicasTest, ThePythonClientBalancesWithTheSameConfig) {
             nlohmann::json::parse(kReplicaServiceConfig));
   for (size_t i = 0; i < replicas_.size(); ++i)
     EXPECT_GE(Predicted(replicas_[i]), 3) << "replica " << i << " got (almost) no Python calls";
+}
+
+// Three test hosts made by the test: network namespaces on a bridge, each with its own hostname
+// and address (10.213.N.11-13, used only inside them), one replica on each.
+class NamespacedReplicasTest : public ReplicasTest {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0 || std::system("ip netns list > /dev/null 2>&1") != 0)
+      GTEST_SKIP() << "needs root and iproute2 (ip netns) to make test hosts";
+    tag_ = std::to_string(getpid() % 100000);
+    subnet_ = "10.213." + std::to_string(getpid() % 250 + 1) + ".";
+    bridge_ = "cfbr" + tag_;
+    made_ = true;
+    ASSERT_EQ(Sh("ip link add " + bridge_ + " type bridge && ip addr add " + subnet_ + "1/24 dev " +
+                 bridge_ + " && ip link set " + bridge_ + " up"),
+              0);
+    std::vector<Host> hosts;
+    for (int i = 0; i < 3; ++i) {
+      const std::string ns = Namespace(i), ip = subnet_ + std::to_string(11 + i);
+      ASSERT_EQ(Sh("ip netns add " + ns + " && ip link add " + Veth(i) + " type veth peer name cfp" +
+                   tag_ + std::to_string(i) + " && ip link set cfp" + tag_ + std::to_string(i) +
+                   " netns " + ns + " && ip link set " + Veth(i) + " master " + bridge_ +
+                   " up && ip netns exec " + ns + " ip addr add " + ip + "/24 dev cfp" + tag_ +
+                   std::to_string(i) + " && ip netns exec " + ns + " ip link set cfp" + tag_ +
+                   std::to_string(i) + " up && ip netns exec " + ns + " ip link set lo up"),
+                0);
+      hosts.push_back({{"/usr/sbin/ip", "netns", "exec", ns, "unshare", "--uts", "/bin/sh", "-c",
+                        "hostname h" + std::to_string(i) + " && exec \"$0\" \"$@\""},
+                       ip});
+    }
+    StartReplicas(hosts);
+  }
+  void TearDown() override {
+    ReplicasTest::TearDown();
+    if (!made_) return;
+    for (int i = 0; i < 3; ++i) Sh("ip netns del " + Namespace(i) + " 2> /dev/null");
+    Sh("ip link del " + bridge_ + " 2> /dev/null");
+    EXPECT_NE(Sh("ip link show " + bridge_ + " > /dev/null 2>&1"), 0) << "bridge left behind";
+  }
+  static int Sh(const std::string& cmd) { return std::system(cmd.c_str()); }
+  std::string Namespace(int i) const { return "cf" + tag_ + "h" + std::to_string(i); }
+  std::string Veth(int i) const { return "cfv" + tag_ + std::to_string(i); }
+
+  std::string tag_, subnet_, bridge_;
+  bool made_ = false;
+};
+
+TEST_F(NamespacedReplicasTest, CallsSpreadOverTheHosts) {
+  EXPECT_EQ(FailedCalls(2, 60, [](int) {}), 0);
+  for (size_t i = 0; i < replicas_.size(); ++i)
+    EXPECT_GE(Predicted(replicas_[i]), 5) << "host " << i << " got (almost) no calls";
+}
+
+// The link of one host goes down under load (no reset reaches the client): its calls time out
+// on keepalive and are retried on the other hosts; none is lost.
+TEST_F(NamespacedReplicasTest, AHostWhoseLinkIsCutLosesNoCall) {
+  t_during_ = 40;
+  const auto start = std::chrono::steady_clock::now();
+  const int failed = FailedCalls(4, 200, [&](int) { Sh("ip link set " + Veth(1) + " down"); });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(failed, 0);
+  EXPECT_LT(seconds, 45) << "the cut host held calls for too long";
+  EXPECT_GE(Predicted(replicas_[0]) + Predicted(replicas_[2]), 150);
+  std::printf("a host cut off after 40 of 200 calls: all answered in %.1f s\n", seconds);
 }
 
 }  // namespace

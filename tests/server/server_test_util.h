@@ -193,8 +193,8 @@ inline std::unique_ptr<grpc::ClientContext> AdminContext(const std::string& toke
 }
 
 inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(
-    int port, const std::string& service = "") {
-  auto stub = grpc::health::v1::Health::NewStub(LoopbackChannel(port));
+    int port, const std::string& service = "", const std::string& host = "127.0.0.1") {
+  auto stub = grpc::health::v1::Health::NewStub(LoopbackChannel(port, nullptr, host));
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
@@ -204,14 +204,18 @@ inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(
   return resp.status();
 }
 
-// GET http://127.0.0.1:port/path; returns the body ("" on failure).
-inline std::string HttpGet(int port, const std::string& path) {
+// GET http://host:port/path (host: an IPv4 address); returns the body ("" on failure).
+inline std::string HttpGet(int port, const std::string& path,
+                           const std::string& host = "127.0.0.1") {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(uint16_t(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return "";
+  }
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
     return "";
