@@ -53,6 +53,8 @@ pkgs=(
   python3-crcmod python3-onnx python3-torch
   # the libFuzzer targets (fuzz/, -DCOSMOFLOW_FUZZ=ON): clang, its sanitizer runtimes, its OpenMP
   clang-14 libclang-rt-14-dev libomp-14-dev
+  # the L7 gRPC proxy in front of replicas (deploy/nginx/), run by tests/client/replicas_test.cc
+  nginx-light
 )
 if [ "$want_peer" = 1 ]; then pkgs+=(libtcmalloc-minimal4); fi
 # deploy/kubernetes is rendered by `kubectl kustomize` in the tests; any kubectl will do.

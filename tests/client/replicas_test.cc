@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -151,6 +152,65 @@ TEST_F(ReplicasTest, TheCliTakesAReplicaTarget) {
   EXPECT_EQ(rc, 0) << ReadFileText(dir_ / "out.json");
   EXPECT_NE(ReadFileText(dir_ / "out.json").find("\"Omega_M\""), std::string::npos)
       << ReadFileText(dir_ / "out.json");
+}
+
+// A port nothing listens on now (for a program that cannot pick its own, like nginx).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// deploy/nginx/cosmoflow-grpc.conf in front of the three replicas: one address for the clients,
+// calls spread over the replicas, and a replica killed under load loses no call (nginx passes
+// refused connections on; the client retries the call that was running on it).
+TEST_F(ReplicasTest, ThroughTheNginxProxyCallsSpreadAndAKilledReplicaLosesNoCall) {
+  if (std::system("command -v nginx > /dev/null") != 0)
+    GTEST_SKIP() << "nginx is not installed (deploy/install-deps.sh installs nginx-light)";
+  std::string conf = ReadFileText(std::string(COSMOFLOW_SOURCE_DIR) + "/deploy/nginx/cosmoflow-grpc.conf");
+  std::string upstream;
+  for (const Replica& r : replicas_)
+    upstream += "    server 127.0.0.1:" + std::to_string(r.port) + " max_fails=1 fail_timeout=10s;\n";
+  const size_t first = conf.find("    server 127.0.0.1:8501"), last = conf.find("    keepalive");
+  ASSERT_NE(first, std::string::npos);
+  conf.replace(first, last - first, upstream);
+  const int port = FreePort();
+  const size_t listen = conf.find("listen 8500");
+  ASSERT_NE(listen, std::string::npos);
+  conf.replace(listen, 11, "listen 127.0.0.1:" + std::to_string(port));
+  const std::string d = dir_.path();
+  std::ofstream(d + "/nginx.conf")
+      << "daemon off; pid " << d << "/nginx.pid; error_log " << d << "/nginx.err info;\n"
+      << "events {}\nhttp {\naccess_log off; client_body_temp_path " << d << "/body;\n"
+      << conf << "\n}\n";
+  pid_t nginx = Spawn({"/usr/sbin/nginx", "-p", d, "-c", d + "/nginx.conf"}, d + "/nginx.log");
+  for (int i = 0; i < 200 && HttpGet(port, "/").empty() &&
+                  ReadFileText(d + "/nginx.err").find("start worker") == std::string::npos;
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  stub_ = v1::CosmoFlow::NewStub(MakeClientChannel("ipv4:127.0.0.1:" + std::to_string(port),
+                                                   grpc::InsecureChannelCredentials(), args));
+  EXPECT_EQ(FailedCalls(2, 60, [](int) {}), 0) << ReadFileText(d + "/nginx.err");
+  for (size_t i = 0; i < replicas_.size(); ++i)
+    EXPECT_GE(Predicted(replicas_[i]), 5) << "replica " << i << " got (almost) no calls via nginx";
+  t_during_ = 40;
+  const int failed = FailedCalls(4, 200, [&](int) {
+    kill(replicas_[1].pid, SIGKILL);
+    WaitExit(replicas_[1].pid, std::chrono::seconds(10));
+    replicas_[1].pid = 0;
+  });
+  EXPECT_EQ(failed, 0) << ReadFileText(d + "/nginx.err");
+  kill(nginx, SIGQUIT);
+  EXPECT_EQ(WaitExit(nginx, std::chrono::seconds(20)), 0) << ReadFileText(d + "/nginx.err");
 }
 
 // The Python client carries the same service config and balances over the same target.
