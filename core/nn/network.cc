@@ -239,7 +239,8 @@ void NetworkImpl::BuildOps() {
   memory cur = cur_md_holder_;
   for (size_t li = 0; li < L.size();) {
     const nn_internal::LayerRow& row = nn_internal::RowOf(L[li].type);
-    OpArgs args{ctx_, L, li, row.name_prefix + std::to_string(counters[row.counter_key]), cur_md_, cur};
+    OpArgs args{ctx_, L, li, row.name_prefix + std::to_string(counters[row.counter_key]), cur_md_, cur,
+                {}, {}};
     args.first_op = ops_.empty();
     AddTensors(args, row, shape);
     std::unique_ptr<Op> op;
