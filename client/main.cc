@@ -225,7 +225,8 @@ void PrintPredictionTable(const v1::PredictResponse& resp) {
   if (!line.empty()) std::printf("correlation: %s\n", line.c_str());
 }
 
-// "ensemble of 5 (gaussian_full heads), calibrated x1.04 / 0.98 / 2.1 on 512 validation cubes"
+// "ensemble of 5 (gaussian_full heads), sigma calibrated x1.04 / 0.98 / 2.1 on 512 validation
+// cubes", each factor followed by " (sigma^0.8)" for a power calibration.
 std::string UncertaintyText(const v1::ModelInfo& info) {
   std::string t = info.uncertainty().empty() ? "none" : info.uncertainty();
   if (t == "ensemble") t += " of " + std::to_string(info.ensemble_members());
@@ -237,6 +238,10 @@ std::string UncertaintyText(const v1::ModelInfo& info) {
     for (int i = 0; i < info.calibration_size(); ++i) {
       std::snprintf(f, sizeof(f), "%.3g", info.calibration(i));
       t += (i ? " / " : "") + std::string(f);
+      if (i < info.calibration_exponent_size()) {
+        std::snprintf(f, sizeof(f), " (sigma^%.2g)", info.calibration_exponent(i));
+        t += f;
+      }
     }
     t += " on " + std::to_string(info.calibration_samples()) + " validation cubes";
   }
@@ -250,6 +255,10 @@ void AddUncertaintyInfo(const v1::ModelInfo& info, nlohmann::json* j) {
   (*j)["ensemble_members"] = info.ensemble_members();
   (*j)["calibration"] = std::vector<double>(info.calibration().begin(), info.calibration().end());
   (*j)["calibration_samples"] = info.calibration_samples();
+  (*j)["calibration_exponent"] =
+      std::vector<double>(info.calibration_exponent().begin(), info.calibration_exponent().end());
+  (*j)["calibration_reference"] =
+      std::vector<double>(info.calibration_reference().begin(), info.calibration_reference().end());
   (*j)["prior_low"] = std::vector<double>(info.prior_low().begin(), info.prior_low().end());
   (*j)["prior_high"] = std::vector<double>(info.prior_high().begin(), info.prior_high().end());
   (*j)["member_checkpoints"] = std::vector<std::string>(info.member_checkpoints().begin(),

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 FORMAT_NAME = "cosmoflow-checkpoint"
-FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSIONS = (1, 2, 3)
 TRANSFORMS = ("none", "log1p", "divide_by_mean", "overdensity")
 SPEC_KEYS = {"name", "input_channels", "input_side", "input_transform", "outputs", "layers", "uncertainty"}
 HEADS = ("none", "gaussian", "gaussian_full")
@@ -239,30 +239,43 @@ def _check_spec_top(spec):
         raise ExportError(f"model spec: unknown uncertainty '{spec['uncertainty']}'")
 
 
-def _sigma_scale(calibration, outputs):
-    """The calibration's factor per output (1 without calibration), validated as
-    core/nn/uncertainty.cc's CalibrationFromJson does."""
-    if calibration is None:
-        return [1.0] * len(outputs)
-    factors = calibration.get("sigma_scale") if isinstance(calibration, dict) else None
-    if not isinstance(factors, dict):
-        raise ExportError("calibration: missing object 'sigma_scale'")
+def _per_output(calibration, key, outputs, check, what):
+    """The calibration's object `key` as a list in output order, each value passing `check`
+    (named `what` in the error), validated as core/nn/uncertainty.cc's CalibrationFromJson does."""
+    values = calibration.get(key) if isinstance(calibration, dict) else None
+    if not isinstance(values, dict):
+        raise ExportError(f"calibration: missing object '{key}'")
     names = [o["name"] for o in outputs]
-    extra = set(factors) - set(names)
+    extra = set(values) - set(names)
     if extra:
-        raise ExportError(f"calibration: sigma_scale.{sorted(extra)[0]} is not an output of the spec")
-    scale = []
+        raise ExportError(f"calibration: {key}.{sorted(extra)[0]} is not an output of the spec")
+    out = []
     for name in names:
-        v = factors.get(name)
-        if not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
-            raise ExportError(f"calibration: sigma_scale.{name} = {v} is not positive and finite")
-        scale.append(float(v))
-    return scale
+        v = values.get(name)
+        if not isinstance(v, (int, float)) or not np.isfinite(v) or not check(v):
+            raise ExportError(f"calibration: {key}.{name} = {v} is not {what}")
+        out.append(float(v))
+    return out
+
+
+def _calibration(calibration, outputs):
+    """(sigma_scale, sigma_exponent, sigma_reference) per output: factors of 1 without a
+    calibration, exponent and reference None for a plain-factor one (sigma -> s r (sigma/r)^b)."""
+    if calibration is None:
+        return [1.0] * len(outputs), None, None
+    scale = _per_output(calibration, "sigma_scale", outputs, lambda v: v > 0, "positive and finite")
+    if "sigma_exponent" not in calibration and "sigma_reference" not in calibration:
+        return scale, None, None
+    exponent = _per_output(calibration, "sigma_exponent", outputs, lambda v: 0 <= v <= 4, "in [0, 4]")
+    reference = _per_output(calibration, "sigma_reference", outputs, lambda v: v > 0, "positive and finite")
+    return scale, exponent, reference
 
 
 def plan_model(spec, calibration=None):
     """The spec resolved for the writers: {name, input_channels, input_side, input_transform,
-    outputs: [{name, unit, offset, scale}], uncertainty, sigma_scale, layers: [plan entries]}.
+    outputs: [{name, unit, offset, scale}], uncertainty, sigma_scale, sigma_exponent,
+    sigma_reference, layers: [plan entries]} (sigma_exponent/reference None unless the calibration
+    has them).
     `calibration` is the checkpoint's parsed calibration_json (None: factors of 1)."""
     _check_spec_top(spec)
     shape = (int(spec["input_channels"]), int(spec["input_side"]), False)
@@ -282,9 +295,11 @@ def plan_model(spec, calibration=None):
                           f"with uncertainty '{head}' need {width}")
     if head == "none" and calibration is not None:
         raise ExportError("calibration: the spec has no uncertainty head to calibrate")
+    scale, exponent, reference = _calibration(calibration, outputs)
     return {"name": spec.get("name", ""), "input_channels": int(spec["input_channels"]),
             "input_side": int(spec["input_side"]), "input_transform": spec.get("input_transform", "log1p"),
-            "outputs": outputs, "uncertainty": head, "sigma_scale": _sigma_scale(calibration, outputs),
+            "outputs": outputs, "uncertainty": head, "sigma_scale": scale, "sigma_exponent": exponent,
+            "sigma_reference": reference,
             "layers": layers}
 
 

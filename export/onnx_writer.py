@@ -132,6 +132,23 @@ def _head_entries(g, raw, head, p):
     return entries
 
 
+def _power_calibrated(g, cov, entries, plan):
+    """cov [batch, P, P] times f_i f_j, f_i = s_i (sigma_i / r_i)^(b_i - 1) with sigma_i the sqrt of
+    the diagonal entry (core/nn/uncertainty.cc's ApplyCalibration for a power calibration)."""
+    p = len(plan["outputs"])
+    factors = []  # [batch, 1] each, as the entries
+    for i in range(p):
+        sigma = g.op("Sqrt", [entries[i, i]], f"sigma{i}")
+        ratio = g.op("Div", [sigma, g.const(f"sigma_ref{i}", np.float64(plan["sigma_reference"][i]))], f"ratio{i}")
+        powered = g.op("Pow", [ratio, g.const(f"sigma_pow{i}", np.float64(plan["sigma_exponent"][i] - 1.0))], f"pow{i}")
+        f = g.op("Mul", [powered, g.const(f"sigma_s{i}", np.float64(plan["sigma_scale"][i]))], f"f{i}")
+        factors.append(f)
+    f = g.op("Concat", factors, "f_all", axis=1)
+    rows = g.op("Unsqueeze", [f, g.const("f_axis2", np.array([2], dtype=np.int64))], "f_rows")
+    cols = g.op("Unsqueeze", [f, g.const("f_axis1", np.array([1], dtype=np.int64))], "f_cols")
+    return g.op("Mul", [cov, g.op("Mul", [rows, cols], "f_outer")], "cov_calibrated")
+
+
 def _covariance(g, x, plan):
     """The `covariance` output [batch, P, P] float32 from the head outputs x [batch, W]."""
     from onnx import TensorProto
@@ -142,7 +159,11 @@ def _covariance(g, x, plan):
     flat = g.op("Concat", [g.op("Unsqueeze", [entries[i, j], axis1], f"u{i}{j}") for i in range(p) for j in range(p)],
                 "cov_flat", axis=1)
     cov = g.op("Reshape", [flat, g.const("cov_shape", np.array([-1, p, p], dtype=np.int64))], "cov_normalised")
-    factor = np.array([o["scale"] * c for o, c in zip(plan["outputs"], plan["sigma_scale"])], dtype=np.float64)
+    if plan.get("sigma_exponent") is not None:
+        cov = _power_calibrated(g, cov, entries, plan)
+        factor = np.array([o["scale"] for o in plan["outputs"]], dtype=np.float64)
+    else:
+        factor = np.array([o["scale"] * c for o, c in zip(plan["outputs"], plan["sigma_scale"])], dtype=np.float64)
     physical = g.op("Mul", [cov, g.const("cov_factor", np.outer(factor, factor))], "cov_physical")
     return g.op("Cast", [physical], "cov_f32", to=TensorProto.FLOAT)
 
@@ -178,7 +199,9 @@ def build_model(plan, weights, info):
     model.ir_version = 8  # what onnx 1.12 writes for opset 17; onnxruntime >= 1.10 reads it
     meta = dict(info, outputs=",".join(o["name"] for o in outs), units=json.dumps([o["unit"] for o in outs]),
                 input_transform=plan["input_transform"], uncertainty=plan["uncertainty"],
-                sigma_scale=json.dumps(plan["sigma_scale"]))
+                sigma_scale=json.dumps(plan["sigma_scale"]),
+                sigma_exponent=json.dumps(plan.get("sigma_exponent")),
+                sigma_reference=json.dumps(plan.get("sigma_reference")))
     helper.set_model_props(model, meta)
     onnx.checker.check_model(model, full_check=True)
     return model

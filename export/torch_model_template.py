@@ -132,9 +132,24 @@ class CosmoFlowModel(nn.Module):
         outs = self.plan["outputs"]
         self.register_buffer("offset", torch.tensor([o["offset"] for o in outs], dtype=torch.float32), False)
         self.register_buffer("scale", torch.tensor([o["scale"] for o in outs], dtype=torch.float32), False)
-        # Physical sigma = calibration factor x label scale x normalised sigma.
-        factor = torch.tensor([o["scale"] * c for o, c in zip(outs, self.plan["sigma_scale"])], dtype=torch.float64)
-        self.register_buffer("cov_factor", torch.outer(factor, factor), False)
+        # Physical sigma = calibration factor x label scale x normalised sigma; the factor of a power
+        # calibration, s (sigma / r)^(b - 1), depends on each sample's sigma (calibrate()).
+        scale = torch.tensor([o["scale"] for o in outs], dtype=torch.float64)
+        self.register_buffer("cov_factor", torch.outer(scale, scale), False)
+        self.register_buffer("sigma_scale", torch.tensor(self.plan["sigma_scale"], dtype=torch.float64), False)
+        power = self.plan.get("sigma_exponent") is not None
+        self.register_buffer("sigma_exponent", torch.tensor(self.plan["sigma_exponent"] if power else [1.0] * len(outs),
+                                                            dtype=torch.float64), False)
+        self.register_buffer("sigma_reference", torch.tensor(self.plan["sigma_reference"] if power else [1.0] * len(outs),
+                                                             dtype=torch.float64), False)
+
+    def calibrate(self, cov):
+        """cov_ij * f_i f_j with f_i = s_i (sigma_i / r_i)^(b_i - 1), sigma_i = sqrt(cov_ii), as
+        core/nn/uncertainty.cc's ApplyCalibration."""
+        sigma = torch.sqrt(torch.clamp(torch.diagonal(cov, dim1=1, dim2=2), min=0.0))
+        f = self.sigma_scale * torch.where(sigma > 0, (sigma / self.sigma_reference) ** (self.sigma_exponent - 1.0),
+                                           torch.ones_like(sigma))
+        return cov * f[:, :, None] * f[:, None, :]
 
     def forward_normalised(self, x):
         for name in self.layer_names:
@@ -148,7 +163,7 @@ class CosmoFlowModel(nn.Module):
         params = self.offset + self.scale * raw[:, :p]
         if self.plan["uncertainty"] == "none":
             return params
-        return params, head_covariance(raw, self.plan["uncertainty"], p) * self.cov_factor
+        return params, self.calibrate(head_covariance(raw, self.plan["uncertainty"], p)) * self.cov_factor
 
 
 def load(weights_path, plan=None):

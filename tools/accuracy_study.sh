@@ -8,7 +8,8 @@
 #   SIDE=32 VOXEL=8 REDSHIFTS=0,0.5,1.5,3 DISPLACEMENT=2lpt PARTICLES=2
 #   SPEC=tools/specs/study32x4-overdensity-ns-light.json
 #   N_TRAIN=8192 N_VAL=512 N_TEST=1024 EPOCHS=30 BATCH=8 LR=0.001 PRECISION=auto SYNTH_ARGS=""
-#   SYMMETRIES=48 MEMBERS=1 SEED=1 MSE_WARMUP_EPOCHS=0 MEAN_GRADIENT=nll SERVE_PRECISION=fp32
+#   SYMMETRIES=48 MEMBERS=1 SEED=1 MSE_WARMUP_EPOCHS=0 MEAN_GRADIENT=nll COVARIANCE_GRADIENT=all
+#   SERVE_PRECISION=fp32
 # Uncertainties: a SPEC with an uncertainty head (tools/specs/study32x4-overdensity-ns-light-fullcov.json) and/or MEMBERS=K
 # (a deep ensemble, served as one model) add the calibration report, computed on the test set with
 # the validation set's predictions (served the same way) for the constant-sigma comparison.
@@ -29,6 +30,7 @@ N_TRAIN=${N_TRAIN:-8192}; N_VAL=${N_VAL:-512}; N_TEST=${N_TEST:-1024}
 EPOCHS=${EPOCHS:-30}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-auto}; SYNTH_ARGS=${SYNTH_ARGS:-}
 TRAIN=${TRAIN:-1}
 MEMBERS=${MEMBERS:-1}; SEED=${SEED:-1}; MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-0}; MEAN_GRADIENT=${MEAN_GRADIENT:-nll}
+COVARIANCE_GRADIENT=${COVARIANCE_GRADIENT:-all}
 SERVE_PRECISION=${SERVE_PRECISION:-fp32}  # the server's; bf16 (as trained) is about twice as fast
 if ! [[ "$MEMBERS" =~ ^[1-9][0-9]?$ ]]; then
   echo "accuracy_study.sh: MEMBERS=$MEMBERS: expected 1..99 ensemble members" >&2; exit 2
@@ -77,7 +79,8 @@ else
   OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
     --spec "$SPEC" --train "$out/data/train" --val "$out/data/val" --out "$out/run" --epochs "$EPOCHS" \
     --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 64 \
-    --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient "$MEAN_GRADIENT"
+    --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient "$MEAN_GRADIENT" \
+    --covariance-gradient "$COVARIANCE_GRADIENT"
   echo "   trained after $(( $(date +%s) - t0 )) s"
   /usr/bin/python3 -c "
 import glob, json

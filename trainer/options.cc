@@ -83,6 +83,14 @@ const FlagInfo kFlags[] = {
      "with an uncertainty head: nll (the NLL trains the means too) | mse (the means get the MSE "
      "gradient, the covariance the NLL's) [nll]",
      false},
+    {"calibration",
+     "with an uncertainty head: the form of the sigma calibration fitted on --val: scale (one "
+     "factor per output) | power (sigma -> s r (sigma/r)^b: a factor and an exponent) [power]",
+     false},
+    {"covariance-gradient",
+     "with an uncertainty head: all (the covariance outputs' gradient trains every layer) | head "
+     "(it trains the last dense layer only; the layers below learn from the means alone) [all]",
+     false},
     {"watchdog-timeout-s",
      "abort the job (exit 76) after this long without progress, or 10x the slowest step if "
      "longer; 0 = never [300]",
@@ -251,6 +259,12 @@ std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, cons
   } else if (k == "mean-gradient") {
     if (v != "nll" && v != "mse") return Bad(k, v, "expected nll or mse");
     o.mean_gradient = v;
+  } else if (k == "calibration") {
+    if (v != "scale" && v != "power") return Bad(k, v, "expected scale or power");
+    o.calibration = v;
+  } else if (k == "covariance-gradient") {
+    if (v != "all" && v != "head") return Bad(k, v, "expected all or head");
+    o.covariance_gradient = v;
   } else if (k == "debug-die-at-step") {
     CF_ASSIGN_OR_RETURN(o.debug_die_at_step, ToInt(k, v, -1, int64_t{1} << 50));
   } else if (k == "debug-die-rank") {

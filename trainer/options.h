@@ -58,6 +58,10 @@ struct TrainerOptions {
   double ensemble_prune_ratio = 1.5;
   int64_t mse_warmup_epochs = 0;     // with an uncertainty head: MSE on the means first
   std::string mean_gradient = "nll";  // nll | mse: what trains the means under the NLL
+  // all | head: how far down the covariance outputs' gradient reaches (head: the last layer only;
+  // NetworkOptions::covariance_gradient_head_only).
+  std::string covariance_gradient = "all";
+  std::string calibration = "power";  // scale | power: the form of the validation calibration
   // Test hooks (documented, harmless): make a rank die or stall, to test failure paths.
   int64_t debug_die_at_step = -1;
   int debug_die_rank = -1;

@@ -440,6 +440,7 @@ Status Trainer::BuildNetwork() {
   no.precision = precision_;
   no.training = true;
   no.seed = MixSeed(seed_, static_cast<uint64_t>(world_.rank), 0xd70f);
+  no.covariance_gradient_head_only = opt_.covariance_gradient == "head";
   if (HasBatchNorm(spec_)) {
     // batch_norm's statistics span every rank, on a communicator of their own.
     MPI_Comm_dup(world_.comm, &stats_comm_);
@@ -730,18 +731,16 @@ void Trainer::FitValidationCalibration(const ValidationPosteriors& v) {
     }
   }
   if (spec_.uncertainty == UncertaintyHead::kNone) return;
-  auto fitted = FitCalibration(spec_, v.truth, v.mean, v.cov, prior_low_, prior_high_);
+  auto fitted = FitCalibration(spec_, v.truth, v.mean, v.cov, prior_low_, prior_high_,
+                               *ParseCalibrationForm(opt_.calibration));
   if (!fitted.ok()) {
     CF_LOG(WARNING) << "no calibration for this checkpoint: " << fitted.status().message();
     calibration_ = {};
     return;
   }
   calibration_ = *fitted;
-  std::ostringstream os;
-  os << "calibration on " << calibration_.samples << " validation cubes: sigma x";
-  for (size_t o = 0; o < spec_.outputs.size(); ++o)
-    os << " " << spec_.outputs[o].name << " " << calibration_.sigma_scale[o];
-  CF_LOG(INFO) << os.str();
+  CF_LOG(INFO) << "calibration on " << calibration_.samples << " validation cubes: "
+               << DescribeCalibration(calibration_, spec_);
 }
 
 void Trainer::LogValidation(const ValResult& val) {
@@ -823,6 +822,7 @@ void Trainer::WriteSummary(const std::string& outcome) {
   j["git_revision"] = COSMOFLOW_GIT_REV;
   j["uncertainty"] = UncertaintyHeadName(spec_.uncertainty);
   if (!calibration_.empty()) j["calibration_sigma_scale"] = calibration_.sigma_scale;
+  if (calibration_.has_exponent()) j["calibration_sigma_exponent"] = calibration_.sigma_exponent;
   if (have_val_) {
     j["val_loss"] = last_val_.loss;
     j["val_mae"] = last_val_.mae;
@@ -924,7 +924,8 @@ void Trainer::LogRunDescription() const {
   if (spec_.uncertainty != UncertaintyHead::kNone) {
     CF_LOG(INFO) << "uncertainty head " << UncertaintyHeadName(spec_.uncertainty)
                  << ": Gaussian NLL after " << opt_.mse_warmup_epochs
-                 << " epoch(s) of MSE on the means; means trained by " << opt_.mean_gradient;
+                 << " epoch(s) of MSE on the means; means trained by " << opt_.mean_gradient
+                 << ", covariance gradient to " << (opt_.covariance_gradient == "head" ? "the last layer only" : "every layer");
   }
 }
 
@@ -1135,14 +1136,11 @@ Status FinishEnsemble(const TrainerOptions& o, const std::vector<MemberResult>& 
     for (const MemberResult& m : members) posteriors.push_back(m.posteriors);
     CF_ASSIGN_OR_RETURN(ValidationPosteriors mixture, CombineMembers(spec, posteriors));
     auto fitted = FitCalibration(spec, mixture.truth, mixture.mean, mixture.cov, members[0].prior_low,
-                                 members[0].prior_high);
+                                 members[0].prior_high, *ParseCalibrationForm(o.calibration));
     if (fitted.ok()) {
       calibration = *fitted;
-      std::ostringstream os;
-      os << "ensemble calibration on " << calibration.samples << " validation cubes: sigma x";
-      for (size_t i = 0; i < spec.outputs.size(); ++i)
-        os << " " << spec.outputs[i].name << " " << calibration.sigma_scale[i];
-      CF_LOG(INFO) << os.str();
+      CF_LOG(INFO) << "ensemble calibration on " << calibration.samples << " validation cubes: "
+                   << DescribeCalibration(calibration, spec);
     } else {
       CF_LOG(WARNING) << "the ensemble gets no calibration: " << fitted.status().message();
     }

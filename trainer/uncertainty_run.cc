@@ -54,6 +54,16 @@ ValidationPosteriors DecodeValidationRows(const ModelSpec& spec, const std::vect
   return v;
 }
 
+std::string DescribeCalibration(const Calibration& c, const ModelSpec& spec) {
+  std::ostringstream os;
+  os << "sigma x";
+  for (size_t o = 0; o < spec.outputs.size() && o < c.sigma_scale.size(); ++o) {
+    os << (o ? ", " : " ") << spec.outputs[o].name << " " << c.sigma_scale[o];
+    if (c.has_exponent()) os << " (exponent " << c.sigma_exponent[o] << ")";
+  }
+  return os.str();
+}
+
 std::string ValidationCsv(const ModelSpec& spec, const ValidationPosteriors& v,
                           const Calibration& calibration) {
   const size_t p = spec.outputs.size();
@@ -70,8 +80,8 @@ std::string ValidationCsv(const ModelSpec& spec, const ValidationPosteriors& v,
     for (size_t o = 0; o < p; ++o) csv << "," << v.physical_truth[i * p + o];
     for (size_t o = 0; o < p; ++o) csv << "," << v.physical_mean[i * p + o];
     for (size_t o = 0; sigma && o < p; ++o) {
-      const double s = calibration.empty() ? 1.0 : calibration.sigma_scale[o];
-      csv << "," << s * std::abs(spec.outputs[o].scale) * std::sqrt(v.cov[(i * p + o) * p + o]);
+      const double sigma = std::sqrt(v.cov[(i * p + o) * p + o]);
+      csv << "," << calibration.Factor(int(o), sigma) * std::abs(spec.outputs[o].scale) * sigma;
     }
     csv << "\n";
   }

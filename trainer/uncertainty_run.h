@@ -43,6 +43,9 @@ struct ValidationPosteriors {
 };
 ValidationPosteriors DecodeValidationRows(const ModelSpec& spec, const std::vector<float>& rows);
 
+// One line for the log: "sigma x Omega_M 1.04 (exponent 0.81), sigma_8 0.97 (exponent 0.9), ...".
+std::string DescribeCalibration(const Calibration& c, const ModelSpec& spec);
+
 // val_predictions.csv: index, true_<p>..., pred_<p>..., and with an uncertainty
 // sigma_<p>... (calibrated with `calibration`, physical units).
 std::string ValidationCsv(const ModelSpec& spec, const ValidationPosteriors& v,

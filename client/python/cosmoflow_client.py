@@ -199,6 +199,8 @@ class CosmoFlowClient:
             "uncertainty": m.uncertainty or "none", "uncertainty_head": m.uncertainty_head,
             "ensemble_members": m.ensemble_members, "calibration": list(m.calibration),
             "calibration_samples": m.calibration_samples,
+            "calibration_exponent": list(m.calibration_exponent),
+            "calibration_reference": list(m.calibration_reference),
             "prior": [[lo, hi] for lo, hi in zip(m.prior_low, m.prior_high)],
             "member_checkpoints": list(m.member_checkpoints),
         }

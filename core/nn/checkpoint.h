@@ -9,6 +9,8 @@
 // Version 2 adds an uncertainty head in the spec and the optional attribute calibration_json
 // (CalibrationToJson, covered by the checksum). A checkpoint without either is written as version
 // 1, so builds that predate them keep reading it; they refuse a version 2 file by its version.
+// Version 3: a calibration with sigma_exponent / sigma_reference (a power calibration), which a
+// version-2 reader would silently apply as a plain factor; other checkpoints keep version 1 or 2.
 // Writes go to "<path>.tmp.<pid>" in the same directory, fsync, rename, fsync the directory, so a
 // reader sees the old file or the complete new one, never a partial one.
 #pragma once
@@ -25,7 +27,7 @@
 
 namespace cosmoflow {
 
-inline constexpr int kCheckpointFormatVersion = 2;  // the newest version this build reads and writes
+inline constexpr int kCheckpointFormatVersion = 3;  // the newest version this build reads and writes
 
 struct TrainingState {
   int64_t step = 0;

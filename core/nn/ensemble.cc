@@ -69,10 +69,10 @@ StatusOr<EnsembleManifest> ReadEnsembleManifest(const std::string& path) {
   if (field("format") != kFormatName)
     return InvalidArgumentError(path + ": not an ensemble manifest (field 'format' must be '" +
                                 kFormatName + "')");
-  if (!field("format_version").is_number_integer() ||
-      field("format_version").get<int64_t>() != kEnsembleFormatVersion)
+  if (!field("format_version").is_number_integer() || field("format_version").get<int64_t>() < 1 ||
+      field("format_version").get<int64_t>() > kEnsembleFormatVersion)
     return FailedPreconditionError(path + ": ensemble manifest format_version " +
-                                   field("format_version").dump() + ", this build reads version " +
+                                   field("format_version").dump() + ", this build reads versions 1 to " +
                                    std::to_string(kEnsembleFormatVersion));
   const nlohmann::json members = field("members");
   if (!members.is_array() || members.empty())
@@ -93,7 +93,9 @@ StatusOr<EnsembleManifest> ReadEnsembleManifest(const std::string& path) {
 Status WriteEnsembleManifest(const std::string& path, const EnsembleManifest& manifest) {
   nlohmann::ordered_json j;
   j["format"] = kFormatName;
-  j["format_version"] = kEnsembleFormatVersion;
+  // The oldest version that holds the calibration (see ensemble.h).
+  const bool power = manifest.calibration_json.find("\"sigma_exponent\"") != std::string::npos;
+  j["format_version"] = power ? 2 : 1;
   j["members"] = nlohmann::ordered_json::array();
   for (const auto& m : manifest.members)
     j["members"].push_back({{"checkpoint", m.checkpoint}, {"checksum", m.checksum}});

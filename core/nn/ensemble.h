@@ -10,6 +10,8 @@
 // Member paths are relative to the manifest's directory (or absolute); each checksum is the
 // member checkpoint's own, so a member replaced after the manifest was written is refused. The
 // calibration applies to the mixture (the members' own factors are not used inside an ensemble).
+// Version 2: the same with a power calibration (sigma_exponent, sigma_reference), written only
+// then, so a version-1 reader refuses it instead of applying its factors alone.
 #pragma once
 
 #include <string>
@@ -22,7 +24,7 @@
 namespace cosmoflow {
 
 inline constexpr char kEnsembleManifestName[] = "ensemble.json";
-inline constexpr int kEnsembleFormatVersion = 1;
+inline constexpr int kEnsembleFormatVersion = 2;  // the newest this build reads
 
 struct EnsembleMember {
   std::string checkpoint;  // as written in the manifest

@@ -177,6 +177,8 @@ Status NetworkImpl::SetUpContext(const ModelSpec& spec, const NetworkOptions& op
   ctx_.kernels = options.kernels;
   for (const auto& [key, value] : env) ctx_.kernels[key] = value;  // the operator's override wins
   ctx_.allreduce_sum = options.allreduce_sum;
+  if (options.covariance_gradient_head_only && spec.uncertainty != UncertaintyHead::kNone)
+    ctx_.head_gradient_outputs = static_cast<int>(spec.outputs.size());
   if (ctx_.dt == Dt::bf16 && !Bf16Supported()) {
     return FailedPreconditionError("network: bf16 needs a CPU with AVX512-BF16 or AMX");
   }

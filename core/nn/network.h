@@ -63,6 +63,10 @@ struct NetworkOptions {
   // batch statistics of batch_norm layers; the trainer passes an MPI allreduce. Empty: this process
   // is the only replica.
   std::function<void(double* data, int n)> allreduce_sum;
+  // Uncertainty heads only: when true, the gradient of the covariance outputs trains the last dense
+  // layer but stops there (the layers below learn from the means' gradient alone), so the trunk
+  // trains as a head-less network's would and the covariance is a read-out of its features.
+  bool covariance_gradient_head_only = false;
 };
 
 // Which kernel runs one pass of one op.

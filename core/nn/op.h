@@ -38,6 +38,9 @@ struct OpContext {
   // Sums `n` doubles over every replica of this network (NetworkOptions::allreduce_sum); empty for
   // one process.
   std::function<void(double* data, int n)> allreduce_sum;
+  // > 0: the last layer's input gradient uses only its first `head_gradient_outputs` outputs (the
+  // means of an uncertainty head; NetworkOptions::covariance_gradient_head_only).
+  int head_gradient_outputs = 0;
 
   // The forced choice for `pass` of op `op_name` of kind `kind` ("conv1.bwd_data" before
   // "conv.bwd_data"), or "" when the rule decides.

@@ -98,10 +98,30 @@ void CombineMixture(int p, int k, const double* means, const double* covs, doubl
   }
 }
 
+double Calibration::Factor(int o, double sigma) const {
+  if (empty()) return 1.0;
+  if (!has_exponent() || sigma_exponent[o] == 1.0) return sigma_scale[o];
+  // A zero sigma stays zero (a head-less output inside an ensemble's mixture).
+  if (!(sigma > 0)) return sigma_scale[o];
+  return sigma_scale[o] * std::pow(sigma / sigma_reference[o], sigma_exponent[o] - 1.0);
+}
+
+const char* CalibrationFormName(CalibrationForm f) {
+  return f == CalibrationForm::kPower ? "power" : "scale";
+}
+
+StatusOr<CalibrationForm> ParseCalibrationForm(const std::string& name) {
+  if (name == "scale") return CalibrationForm::kScale;
+  if (name == "power") return CalibrationForm::kPower;
+  return InvalidArgumentError("calibration form '" + name + "': expected scale or power");
+}
+
 void ApplyCalibration(const Calibration& c, int p, double* cov) {
   if (c.empty()) return;
+  std::vector<double> f(p);
+  for (int i = 0; i < p; ++i) f[i] = c.Factor(i, std::sqrt(std::max(0.0, cov[i * p + i])));
   for (int i = 0; i < p; ++i)
-    for (int j = 0; j < p; ++j) cov[i * p + j] *= c.sigma_scale[i] * c.sigma_scale[j];
+    for (int j = 0; j < p; ++j) cov[i * p + j] *= f[i] * f[j];
 }
 
 void DenormalisePosterior(const ModelSpec& spec, double* mean, double* cov) {
@@ -112,6 +132,31 @@ void DenormalisePosterior(const ModelSpec& spec, double* mean, double* cov) {
     for (int j = 0; j < p; ++j) cov[i * p + j] *= double(o.scale) * spec.outputs[j].scale;
   }
 }
+
+namespace {
+
+Status ValidateExponents(const Calibration& c, const ModelSpec& spec) {
+  const size_t p = spec.outputs.size();
+  if (!c.has_exponent() && c.sigma_reference.empty()) return Status::Ok();
+  if (c.sigma_exponent.size() != p || c.sigma_reference.size() != p) {
+    return InvalidArgumentError("calibration: sigma_exponent and sigma_reference need a value for "
+                                "each of the " + std::to_string(p) + " outputs");
+  }
+  for (size_t i = 0; i < p; ++i) {
+    const double b = c.sigma_exponent[i], r = c.sigma_reference[i];
+    if (!std::isfinite(b) || b < 0 || b > 4) {
+      return InvalidArgumentError("calibration: sigma_exponent." + spec.outputs[i].name + " = " +
+                                  std::to_string(b) + " is not in [0, 4]");
+    }
+    if (!(r > 0) || !std::isfinite(r)) {
+      return InvalidArgumentError("calibration: sigma_reference." + spec.outputs[i].name + " = " +
+                                  std::to_string(r) + " is not positive and finite");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status ValidateCalibration(const Calibration& c, const ModelSpec& spec) {
   const size_t p = spec.outputs.size();
@@ -128,6 +173,7 @@ Status ValidateCalibration(const Calibration& c, const ModelSpec& spec) {
                                   std::to_string(s) + " is not positive and finite");
     }
   }
+  CF_RETURN_IF_ERROR(ValidateExponents(c, spec));
   if (c.prior_low.empty() && c.prior_high.empty()) return Status::Ok();
   if (c.prior_low.size() != p || c.prior_high.size() != p) {
     return InvalidArgumentError("calibration: prior needs a range for each of the " +
@@ -144,17 +190,65 @@ Status ValidateCalibration(const Calibration& c, const ModelSpec& spec) {
   return Status::Ok();
 }
 
+namespace {
+
+nlohmann::ordered_json PerOutput(const std::vector<double>& v, const ModelSpec& spec) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < spec.outputs.size() && i < v.size(); ++i) j[spec.outputs[i].name] = v[i];
+  return j;
+}
+
+// The number per output of the object `key` of `j` into `out`; every output must have one and no
+// other name may appear.
+Status ReadPerOutput(const nlohmann::json& j, const std::string& key, const ModelSpec& spec,
+                     std::vector<double>* out) {
+  auto obj = j.find(key);
+  if (obj == j.end() || !obj->is_object())
+    return InvalidArgumentError("calibration: field '" + key +
+                                "' must be an object keyed by output name");
+  for (const OutputSpec& o : spec.outputs) {
+    auto v = obj->find(o.name);
+    if (v == obj->end() || !v->is_number())
+      return InvalidArgumentError("calibration: " + key + "." + o.name + " is missing or not a number");
+    out->push_back(v->get<double>());
+  }
+  for (const auto& item : obj->items()) {
+    const std::string& name = item.key();  // not a structured binding: lambdas capture it
+    bool known = std::any_of(spec.outputs.begin(), spec.outputs.end(),
+                             [&](const OutputSpec& o) { return o.name == name; });
+    if (!known)
+      return InvalidArgumentError("calibration: " + key + "." + name + " names no output of the model");
+  }
+  return Status::Ok();
+}
+
+Status ReadPrior(const nlohmann::json& j, const ModelSpec& spec, Calibration* c) {
+  auto prior = j.find("prior");
+  if (prior == j.end()) return Status::Ok();
+  for (const OutputSpec& o : spec.outputs) {
+    auto r = prior->is_object() ? prior->find(o.name) : prior->end();
+    if (r == prior->end() || !r->is_array() || r->size() != 2 || !(*r)[0].is_number() ||
+        !(*r)[1].is_number())
+      return InvalidArgumentError("calibration: prior." + o.name + " must be [low, high]");
+    c->prior_low.push_back((*r)[0].get<double>());
+    c->prior_high.push_back((*r)[1].get<double>());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 std::string CalibrationToJson(const Calibration& c, const ModelSpec& spec) {
   nlohmann::ordered_json j;
   j["samples"] = c.samples;
-  nlohmann::ordered_json scale = nlohmann::ordered_json::object(),
-                         prior = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < spec.outputs.size() && i < c.sigma_scale.size(); ++i) {
-    scale[spec.outputs[i].name] = c.sigma_scale[i];
-    if (i < c.prior_low.size() && i < c.prior_high.size())
-      prior[spec.outputs[i].name] = {c.prior_low[i], c.prior_high[i]};
+  j["sigma_scale"] = PerOutput(c.sigma_scale, spec);
+  if (c.has_exponent()) {
+    j["sigma_exponent"] = PerOutput(c.sigma_exponent, spec);
+    j["sigma_reference"] = PerOutput(c.sigma_reference, spec);
   }
-  j["sigma_scale"] = scale;
+  nlohmann::ordered_json prior = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < spec.outputs.size() && i < c.prior_low.size() && i < c.prior_high.size(); ++i)
+    prior[spec.outputs[i].name] = {c.prior_low[i], c.prior_high[i]};
   if (!prior.empty()) j["prior"] = prior;
   return j.dump();
 }
@@ -166,36 +260,17 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const ModelSp
   } catch (const std::exception& e) {
     return InvalidArgumentError(std::string("calibration: not valid JSON: ") + e.what());
   }
-  auto scale = j.find("sigma_scale");
-  if (!j.is_object() || scale == j.end() || !scale->is_object())
-    return InvalidArgumentError(
-        "calibration: field 'sigma_scale' must be an object keyed by output name");
+  if (!j.is_object())
+    return InvalidArgumentError("calibration: field 'sigma_scale' must be an object keyed by output name");
   Calibration c;
   if (auto n = j.find("samples"); n != j.end() && n->is_number_integer())
     c.samples = n->get<int64_t>();
-  auto prior = j.find("prior");
-  for (const OutputSpec& o : spec.outputs) {
-    auto s = scale->find(o.name);
-    if (s == scale->end() || !s->is_number())
-      return InvalidArgumentError("calibration: sigma_scale." + o.name +
-                                  " is missing or not a number");
-    c.sigma_scale.push_back(s->get<double>());
-    if (prior == j.end()) continue;
-    auto r = prior->find(o.name);
-    if (r == prior->end() || !r->is_array() || r->size() != 2 || !(*r)[0].is_number() ||
-        !(*r)[1].is_number())
-      return InvalidArgumentError("calibration: prior." + o.name + " must be [low, high]");
-    c.prior_low.push_back((*r)[0].get<double>());
-    c.prior_high.push_back((*r)[1].get<double>());
+  CF_RETURN_IF_ERROR(ReadPerOutput(j, "sigma_scale", spec, &c.sigma_scale));
+  if (j.contains("sigma_exponent") || j.contains("sigma_reference")) {
+    CF_RETURN_IF_ERROR(ReadPerOutput(j, "sigma_exponent", spec, &c.sigma_exponent));
+    CF_RETURN_IF_ERROR(ReadPerOutput(j, "sigma_reference", spec, &c.sigma_reference));
   }
-  for (const auto& item : scale->items()) {
-    const std::string& name = item.key();  // not a structured binding: lambdas capture it
-    bool known = std::any_of(spec.outputs.begin(), spec.outputs.end(),
-                             [&](const OutputSpec& o) { return o.name == name; });
-    if (!known)
-      return InvalidArgumentError("calibration: sigma_scale." + name +
-                                  " names no output of the model");
-  }
+  CF_RETURN_IF_ERROR(ReadPrior(j, spec, &c));
   CF_RETURN_IF_ERROR(ValidateCalibration(c, spec));
   return c;
 }
@@ -256,11 +331,61 @@ StatusOr<double> FitSigmaScale(const double* truth, const double* mean, const do
   return std::exp(0.5 * (a + b));
 }
 
+namespace {
+
+// The best factor for sigmas raised to `b` about `r`, and its mean NLL.
+struct ExponentTrial {
+  bool ok = false;
+  double scale = 1, nll = 0;
+};
+
+ExponentTrial TryExponent(const double* truth, const double* mean, const double* sigma, int64_t n,
+                          double low, double high, double r, double b, std::vector<double>& work) {
+  for (int64_t i = 0; i < n; ++i) work[i] = r * std::pow(sigma[i] / r, b);
+  auto s = FitSigmaScale(truth, mean, work.data(), n, low, high, "power calibration");
+  if (!s.ok()) return {};
+  return {true, *s, TruncatedNll(truth, mean, work.data(), n, low, high, std::log(*s))};
+}
+
+}  // namespace
+
+StatusOr<PowerFit> FitSigmaPower(const double* truth, const double* mean, const double* sigma,
+                                 int64_t n, double low, double high, const std::string& what) {
+  // FitSigmaScale checks the inputs and gives the error a caller should see.
+  CF_ASSIGN_OR_RETURN(double plain, FitSigmaScale(truth, mean, sigma, n, low, high, what));
+  double log_sum = 0;
+  for (int64_t i = 0; i < n; ++i) log_sum += std::log(sigma[i]);
+  PowerFit best{plain, 1.0, std::exp(log_sum / n)};
+  std::vector<double> work(n);
+  ExponentTrial at_one = TryExponent(truth, mean, sigma, n, low, high, best.reference, 1.0, work);
+  double best_nll = at_one.ok ? at_one.nll : std::numeric_limits<double>::infinity();
+  constexpr int kGrid = 40;  // b in [0, 2], steps of 0.05
+  for (int g = 0; g <= kGrid; ++g) {
+    const double b = 2.0 * g / kGrid;
+    ExponentTrial t = TryExponent(truth, mean, sigma, n, low, high, best.reference, b, work);
+    if (t.ok && t.nll < best_nll) best_nll = t.nll, best.scale = t.scale, best.exponent = b;
+  }
+  // Golden section within one grid step either side.
+  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
+  double lo = std::max(0.0, best.exponent - 0.05), hi = std::min(2.0, best.exponent + 0.05);
+  while (hi - lo > 1e-4) {
+    const double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo);
+    ExponentTrial t1 = TryExponent(truth, mean, sigma, n, low, high, best.reference, x1, work);
+    ExponentTrial t2 = TryExponent(truth, mean, sigma, n, low, high, best.reference, x2, work);
+    if (!t1.ok || !t2.ok) break;
+    if (t1.nll < t2.nll) hi = x2; else lo = x1;
+    const ExponentTrial& t = t1.nll < t2.nll ? t1 : t2;
+    if (t.nll < best_nll) best_nll = t.nll, best.scale = t.scale, best.exponent = t1.nll < t2.nll ? x1 : x2;
+  }
+  return best;
+}
+
 StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
                                      const std::vector<double>& mean,
                                      const std::vector<double>& cov,
                                      const std::vector<double>& prior_low,
-                                     const std::vector<double>& prior_high) {
+                                     const std::vector<double>& prior_high,
+                                     CalibrationForm form) {
   const int p = static_cast<int>(spec.outputs.size());
   const int64_t n = static_cast<int64_t>(truth.size()) / p;
   if (mean.size() != truth.size() || cov.size() != truth.size() * p)
@@ -284,9 +409,16 @@ StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<do
                    b = (prior_high[o] - out.offset) / out.scale;
       low = std::min(a, b), high = std::max(a, b);
     }
-    CF_ASSIGN_OR_RETURN(double f, FitSigmaScale(t.data(), m.data(), s.data(), n, low, high,
-                                                "calibration fit of " + spec.outputs[o].name));
-    c.sigma_scale.push_back(f);
+    const std::string what = "calibration fit of " + spec.outputs[o].name;
+    if (form == CalibrationForm::kScale) {
+      CF_ASSIGN_OR_RETURN(double f, FitSigmaScale(t.data(), m.data(), s.data(), n, low, high, what));
+      c.sigma_scale.push_back(f);
+      continue;
+    }
+    CF_ASSIGN_OR_RETURN(PowerFit f, FitSigmaPower(t.data(), m.data(), s.data(), n, low, high, what));
+    c.sigma_scale.push_back(f.scale);
+    c.sigma_exponent.push_back(f.exponent);
+    c.sigma_reference.push_back(f.reference);
   }
   c.prior_low = prior_low;
   c.prior_high = prior_high;

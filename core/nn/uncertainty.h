@@ -37,26 +37,43 @@ void CovarianceFromPrecisionCholesky(int p, const double* l, double* cov);
 void CombineMixture(int p, int k, const double* means, const double* covs, double* mean,
                     double* cov);
 
-// Post-hoc calibration of an uncertainty: sigma_p -> sigma_scale[p] * sigma_p.
+// Post-hoc calibration of an uncertainty, per output: sigma -> s r (sigma / r)^b, with s the
+// sigma_scale, b the sigma_exponent and r the sigma_reference (normalised units). b = 1 (the
+// default, and what an empty sigma_exponent means) is a plain factor; b < 1 widens the narrowest
+// posteriors and narrows the widest, where a head is over-confident where it claims most precision.
+// Correlations are kept: the covariance is scaled as D C D with D the per-output factors.
 struct Calibration {
   std::vector<double> sigma_scale;            // per output; empty = not calibrated (factor 1)
+  std::vector<double> sigma_exponent;         // per output; empty = 1 for every output
+  std::vector<double> sigma_reference;        // per output, with sigma_exponent: r > 0
   std::vector<double> prior_low, prior_high;  // per output, physical units: the prior range the
                                               // fit truncated the posterior to (empty = none)
   int64_t samples = 0;                        // validation samples the factors were fitted on
   bool empty() const { return sigma_scale.empty(); }
+  bool has_exponent() const { return !sigma_exponent.empty(); }
+  // The factor that multiplies output o's sigma (normalised units) of this value: s (sigma/r)^(b-1).
+  double Factor(int o, double sigma) const;
 };
 
-// Positive finite factors, one per output; a prior range, if any, finite with low < high. The
-// message names the field ("calibration: sigma_scale.sigma_8 = -1 is not positive and finite").
+// How the trainer fits a calibration: one factor per output, or a factor and an exponent.
+enum class CalibrationForm { kScale, kPower };
+const char* CalibrationFormName(CalibrationForm f);  // "scale" | "power"
+StatusOr<CalibrationForm> ParseCalibrationForm(const std::string& name);
+
+// Positive finite factors, one per output; exponents (if any) in [0, 4] with positive finite
+// references; a prior range, if any, finite with low < high. The message names the field
+// ("calibration: sigma_scale.sigma_8 = -1 is not positive and finite").
 Status ValidateCalibration(const Calibration& c, const ModelSpec& spec);
 // JSON object keyed by output name:
-//   {"samples": 512, "sigma_scale": {"Omega_M": 1.04, ...}, "prior": {"Omega_M": [0.25, 0.35],
-//   ...}}
+//   {"samples": 512, "sigma_scale": {"Omega_M": 1.04, ...}, "sigma_exponent": {"Omega_M": 0.8, ...},
+//    "sigma_reference": {"Omega_M": 0.11, ...}, "prior": {"Omega_M": [0.25, 0.35], ...}}
+// (sigma_exponent and sigma_reference only for a power calibration).
 std::string CalibrationToJson(const Calibration& c, const ModelSpec& spec);
-// Parses and validates; every output must have a factor, and no other name may appear.
+// Parses and validates; every output must have a factor (and, if either object is present, an
+// exponent and a reference), and no other name may appear.
 StatusOr<Calibration> CalibrationFromJson(const std::string& json, const ModelSpec& spec);
 
-// cov_ij *= s_i s_j (a no-op for an empty calibration).
+// cov_ij *= f_i f_j with f_i = c.Factor(i, sqrt(cov_ii)) (a no-op for an empty calibration).
 void ApplyCalibration(const Calibration& c, int p, double* cov);
 // Normalised -> physical: mean_i = offset_i + scale_i mean_i, cov_ij *= scale_i scale_j.
 void DenormalisePosterior(const ModelSpec& spec, double* mean, double* cov);
@@ -69,13 +86,23 @@ void DenormalisePosterior(const ModelSpec& spec, double* mean, double* cov);
 StatusOr<double> FitSigmaScale(const double* truth, const double* mean, const double* sigma,
                                int64_t n, double low, double high, const std::string& what);
 
-// Fits every output's factor from n samples of normalised truths (n x p), means (n x p) and
+// A power calibration of one output: r is the geometric mean of the sigmas; b is searched over
+// [0, 2] (a grid, then golden section), each b with its best factor s (FitSigmaScale), keeping the
+// (s, b) of the highest truncated likelihood. Fails as FitSigmaScale does when no b gives a factor.
+struct PowerFit {
+  double scale = 1, exponent = 1, reference = 1;
+};
+StatusOr<PowerFit> FitSigmaPower(const double* truth, const double* mean, const double* sigma,
+                                 int64_t n, double low, double high, const std::string& what);
+
+// Fits every output's calibration from n samples of normalised truths (n x p), means (n x p) and
 // covariances (n x p x p); prior_low/high per output in physical units (empty = none), kept in the
 // result.
 StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
                                      const std::vector<double>& mean,
                                      const std::vector<double>& cov,
                                      const std::vector<double>& prior_low,
-                                     const std::vector<double>& prior_high);
+                                     const std::vector<double>& prior_high,
+                                     CalibrationForm form = CalibrationForm::kScale);
 
 }  // namespace cosmoflow

@@ -327,6 +327,16 @@ TEST(ExportTest, FullCovarianceHeadWithCalibrationMatchesServer) {
   CheckExportMatchesServer(ckpt, false);
 }
 
+// A power calibration: each sample's factor depends on its own sigma (a format-3 checkpoint).
+TEST(ExportTest, FullCovarianceHeadWithPowerCalibrationMatchesServer) {
+  Checkpoint ckpt = MakeCheckpoint(Spec(kFullCovSpec), 17);
+  ckpt.calibration.sigma_scale = {1.2, 0.9, 1.0};
+  ckpt.calibration.sigma_exponent = {0.6, 1.4, 1.0};
+  ckpt.calibration.sigma_reference = {0.5, 2.0, 1.0};
+  ckpt.calibration.samples = 100;
+  CheckExportMatchesServer(ckpt, false);
+}
+
 TEST(ExportTest, DiagonalHeadFourOutputsMatchesServer) {
   CheckExportMatchesServer(MakeCheckpoint(Spec(kDiagonalSpec), 16), false);
 }

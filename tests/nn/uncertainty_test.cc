@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/nn/loss.h"
+#include "core/nn/network.h"
 #include "core/nn/spec.h"
 
 namespace cosmoflow {
@@ -347,6 +348,126 @@ TEST(CalibrationTest, FitCalibrationPerOutputAndBadInput) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("sigma_8"), std::string::npos) << bad.status().message();
   EXPECT_FALSE(FitSigmaScale(nullptr, nullptr, nullptr, 0, -INFINITY, INFINITY, "empty").ok());
+}
+
+// A head whose sigma is right on average but whose spread is twice the true one's (the true
+// sigma grows as the square root of the claimed): the power calibration recovers the exponent
+// 0.5, the plain factor cannot, and the calibrated sigmas match the true ones.
+TEST(CalibrationTest, PowerFitRecoversAnExponent) {
+  std::mt19937_64 rng(21);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::uniform_real_distribution<double> logu(std::log(0.02), std::log(0.5));
+  const int64_t n = 20000;
+  const double r_true = 0.1;
+  std::vector<double> truth(n), mean(n, 0.0), sigma(n);
+  for (int64_t i = 0; i < n; ++i) {
+    sigma[i] = std::exp(logu(rng));
+    const double true_sigma = 0.8 * r_true * std::sqrt(sigma[i] / r_true);
+    truth[i] = true_sigma * n01(rng);
+  }
+  auto fit = FitSigmaPower(truth.data(), mean.data(), sigma.data(), n, -INFINITY, INFINITY, "toy");
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_NEAR(fit->exponent, 0.5, 0.03);
+  Calibration c;
+  c.sigma_scale = {fit->scale};
+  c.sigma_exponent = {fit->exponent};
+  c.sigma_reference = {fit->reference};
+  for (double s : {0.02, 0.1, 0.5}) {
+    const double want = 0.8 * r_true * std::sqrt(s / r_true);
+    EXPECT_NEAR(c.Factor(0, s) * s, want, 0.04 * want) << "sigma " << s;
+  }
+  // Truncated to a prior it still finds the exponent (on fewer samples: the truncated fit is a
+  // search).
+  auto bounded = FitSigmaPower(truth.data(), mean.data(), sigma.data(), 4000, -3.0, 3.0, "toy");
+  ASSERT_TRUE(bounded.ok()) << bounded.status().ToString();
+  EXPECT_NEAR(bounded->exponent, 0.5, 0.08);
+}
+
+TEST(CalibrationTest, PowerCalibrationScalesTheCovarianceAndRoundTrips) {
+  ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussianFull);
+  Calibration c;
+  c.sigma_scale = {2.0, 1.0, 0.5};
+  c.sigma_exponent = {0.5, 1.0, 2.0};
+  c.sigma_reference = {0.1, 1.0, 1.0};
+  c.samples = 7;
+  // sigma 0.4, 1 and 2, correlated; f_i = s_i (sigma_i / r_i)^(b_i - 1) by hand.
+  double cov[9] = {0.16, 0.1, 0.2, 0.1, 1.0, 0.3, 0.2, 0.3, 4.0};
+  const double f[3] = {2.0 * std::pow(0.4 / 0.1, -0.5), 1.0, 0.5 * std::pow(2.0, 1.0)};
+  double want[9];
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) want[i * 3 + j] = cov[i * 3 + j] * f[i] * f[j];
+  ApplyCalibration(c, 3, cov);
+  for (int k = 0; k < 9; ++k) EXPECT_NEAR(cov[k], want[k], 1e-12) << k;
+
+  auto back = CalibrationFromJson(CalibrationToJson(c, spec), spec);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->sigma_exponent, c.sigma_exponent);
+  EXPECT_EQ(back->sigma_reference, c.sigma_reference);
+
+  Calibration bad = c;
+  bad.sigma_exponent[1] = -0.5;
+  Status st = ValidateCalibration(bad, spec);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("sigma_exponent.sigma_8"), std::string::npos) << st.message();
+  bad = c;
+  bad.sigma_reference[2] = 0;
+  st = ValidateCalibration(bad, spec);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("sigma_reference.n_s"), std::string::npos) << st.message();
+  // An exponent object without a reference object is refused by name.
+  std::string json = CalibrationToJson(c, spec);
+  json.replace(json.find("\"sigma_reference\""), 17, "\"sigma_elsewhere\"");
+  auto half = CalibrationFromJson(json, spec);
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("sigma_reference"), std::string::npos) << half.status().message();
+}
+
+// Every parameter's gradient after one Backward of `net` from `diff`.
+std::vector<std::vector<float>> Gradients(Network& net, const std::vector<float>& x,
+                                          const std::vector<float>& diff) {
+  std::vector<float> y(diff.size());
+  net.Forward(x.data(), y.data());
+  net.Backward(diff.data());
+  std::vector<std::vector<float>> g;
+  for (const Parameter& p : net.parameters()) g.emplace_back(p.grad, p.grad + p.numel());
+  return g;
+}
+
+// covariance_gradient_head_only: the layers below the last learn exactly what they would learn
+// with the covariance outputs' gradient zeroed, while the last layer's own gradient still sees it.
+TEST(CovarianceGradientTest, HeadOnlyStopsAtTheLastLayer) {
+  const ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussianFull);
+  const int batch = 2, w = spec.NetworkOutputs(), p = 3;
+  auto make = [&](bool head_only) {
+    NetworkOptions o;
+    o.batch = batch;
+    o.training = true;
+    o.seed = 5;
+    o.covariance_gradient_head_only = head_only;
+    auto net = Network::Create(spec, o);
+    EXPECT_TRUE(net.ok()) << net.status().ToString();
+    return std::move(net).value();
+  };
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> u(0.f, 2.f), d(-1.f, 1.f);
+  std::vector<float> x(size_t(batch) * spec.input_channels * 32 * 32 * 32);
+  for (float& v : x) v = u(rng);
+  std::vector<float> diff(size_t(batch) * w), means_only(diff);
+  for (int i = 0; i < batch * w; ++i) {
+    diff[i] = d(rng);
+    means_only[i] = i % w < p ? diff[i] : 0.f;
+  }
+  auto head_only = Gradients(*make(true), x, diff);
+  auto full = Gradients(*make(false), x, diff);
+  auto zeroed = Gradients(*make(false), x, means_only);
+  const size_t n = head_only.size();
+  ASSERT_EQ(n, full.size());
+  ASSERT_GE(n, 4u);
+  for (size_t t = 0; t + 2 < n; ++t) {  // below the last layer: as if the covariance had no gradient
+    EXPECT_EQ(head_only[t], zeroed[t]) << "parameter " << t;
+    EXPECT_NE(head_only[t], full[t]) << "parameter " << t << ": the test does not exercise the cut";
+  }
+  for (size_t t = n - 2; t < n; ++t) EXPECT_EQ(head_only[t], full[t]) << "last layer, parameter " << t;
 }
 
 }  // namespace

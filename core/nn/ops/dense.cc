@@ -1,5 +1,8 @@
 // dense: oneDNN's inner product on the flattened activation (it reads the 5-D tensor directly, in
 // NCDHW element order), with a following leaky ReLU fused as a post-op.
+#include <cstdlib>
+#include <cstring>
+
 #include "core/nn/ops/onednn_util.h"
 #include "core/nn/ops/ops.h"
 
@@ -39,6 +42,7 @@ class DenseOp : public Op {
     dst = memory(dst_md, c.eng);
     bias_ = memory(b_md, c.eng, b.value.data());
     params = {a.param_indices[0], a.param_indices[1]};
+    if (a.index + a.consumed == a.layers.size()) head_gradient_outputs_ = c.head_gradient_outputs;
     if (!c.training) {
       weights_.Init(c, w_plain, w.value.data(), fwd_pd_.weights_desc(), nullptr);
       return;
@@ -66,11 +70,28 @@ class DenseOp : public Op {
                             {DNNL_ARG_DIFF_WEIGHTS, wgrad_.work}, {DNNL_ARG_DIFF_BIAS, diff_bias_}});
     wgrad_.Export(c);
     if (need_diff_src) {
+      if (head_gradient_outputs_ > 0) KeepHeadGradientOnly(c);
       bwd_d_.execute(c.strm, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, weights_.bwd},
                               {DNNL_ARG_DIFF_SRC, diff_src}});
     }
   }
   void RefreshWeights(OpContext& c) override { weights_.Refresh(c); }
+  // Zeroes diff_dst's columns from head_gradient_outputs_ on, after the weight gradient has used
+  // them: the covariance outputs then reach no layer below this one.
+  void KeepHeadGradientOnly(OpContext& c) {
+    c.strm.wait();
+    const dnnl_memory_desc_t& md = diff_dst.get_desc().data;
+    const auto& blocking = md.format_desc.blocking;
+    const int64_t n = md.dims[0], o = md.dims[1];
+    const size_t bytes = md.data_type == dnnl_bf16 ? 2 : 4;
+    // oneDNN gives a 2-D inner product plain row- or column-major gradients; a blocked one would
+    // need a reorder, and no CPU path here makes one.
+    if (blocking.inner_nblks != 0) std::abort();
+    auto* base = static_cast<unsigned char*>(diff_dst.get_data_handle());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = head_gradient_outputs_; j < o; ++j)
+        std::memset(base + (i * blocking.strides[0] + j * blocking.strides[1]) * bytes, 0, bytes);
+  }
   double FwdFlops() const override { return flops_; }
   double BwdFlops(bool need_diff_src) const override { return flops_ * (need_diff_src ? 2 : 1); }
   std::vector<KernelChoice> Kernels() const override {
@@ -84,6 +105,7 @@ class DenseOp : public Op {
 
  private:
   double flops_ = 0;
+  int head_gradient_outputs_ = 0;  // OpContext::head_gradient_outputs, for the last layer only
   dnnl::inner_product_forward::primitive_desc fwd_pd_;
   dnnl::inner_product_forward fwd_;
   dnnl::inner_product_backward_weights::primitive_desc bwd_w_pd_;
