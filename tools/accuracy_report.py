@@ -149,8 +149,8 @@ def check_targets(c, rms_ratio):
 def calibration_markdown(title, c, factors=None):
     lines = [f"### {title}", ""]
     if factors is not None:
-        lines += ["Sigma factors refitted on the validation set: " +
-                  ", ".join(f"{n} x{f:.3f}" for n, f in factors.items()), ""]
+        lines += ["Sigma recalibrated on the validation set (sigma -> s r (sigma / r)^b): " +
+                  ", ".join(f"{n} s {f['scale']:.3f}, b {f['exponent']:.2f}" for n, f in factors.items()), ""]
     lines += ["| parameter | 68.3% | 95.4% | 68.3% by true tercile | 68.3% by sigma tercile | 95.4% by true tercile | "
               "95.4% by sigma tercile | z mean | z std | mean sigma | RMS error | sigma / RMS | NLL | NLL, constant sigma |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -197,11 +197,14 @@ def uncertainty_reports(args, names, true, prior, posteriors):
         vnames, vtrue, vmean, vcov = read_posterior(val_path)
         if cov is None or vcov is None or vnames != names:
             continue
-        if refit:
+        if refit:  # the power form, as the trainer calibrates the served posterior by default
             vsigma = np.sqrt(np.diagonal(vcov, axis1=1, axis2=2))
-            f = np.array([cal.fit_sigma_scale(vtrue[:, j], vmean[:, j], vsigma[:, j], *prior[j]) for j in range(len(names))])
-            cov = cov * np.outer(f, f)
-            factors[key] = dict(zip(names, f.tolist()))
+            fits = [cal.fit_sigma_power(vtrue[:, j], vmean[:, j], vsigma[:, j], *prior[j]) for j in range(len(names))]
+            s, b, r = (np.array(v) for v in zip(*fits))
+            f = cal.power_factors(np.sqrt(np.diagonal(cov, axis1=1, axis2=2)), s, b, r)
+            cov = cov * f[:, :, None] * f[:, None, :]
+            factors[key] = {n: {"scale": float(s[j]), "exponent": float(b[j]), "reference": float(r[j])}
+                            for j, n in enumerate(names)}
         reports[key] = calibration(names, true, mean, cov, prior, vtrue, vmean)
         reports[key]["mean"], reports[key]["cov"] = mean, cov  # for the plots, dropped from the JSON
         lines += calibration_markdown(title, reports[key], factors.get(key))

@@ -76,6 +76,50 @@ def fit_sigma_scale(truth, mean, sigma, low=-np.inf, high=np.inf):
     return math.exp((a + b) / 2)
 
 
+def fit_sigma_power(truth, mean, sigma, low=-np.inf, high=np.inf):
+    """The power calibration sigma -> s r (sigma / r)^b of core/nn/uncertainty.cc's FitSigmaPower:
+    r the geometric mean sigma, b over [0, 2] in steps of 0.05 then golden section, each b with its
+    best factor s (fit_sigma_scale), keeping the highest truncated likelihood. Returns (s, b, r)."""
+    truth, mean, sigma = (np.asarray(x, dtype=float) for x in (truth, mean, sigma))
+    r = float(np.exp(np.mean(np.log(sigma))))
+
+    def trial(b):
+        s_b = r * (sigma / r) ** b
+        try:
+            s = fit_sigma_scale(truth, mean, s_b, low, high)
+        except ValueError:
+            return math.inf, None
+        return truncated_nll(truth, mean, s * s_b, low, high), s
+
+    best_nll, best_s = trial(1.0)
+    best_b = 1.0
+    for b in np.linspace(0.0, 2.0, 41):
+        nll, s = trial(float(b))
+        if nll < best_nll:
+            best_nll, best_s, best_b = nll, s, float(b)
+    lo, hi = max(0.0, best_b - 0.05), min(2.0, best_b + 0.05)
+    phi = (math.sqrt(5) - 1) / 2
+    while hi - lo > 1e-4:
+        x1, x2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+        (n1, s1), (n2, s2) = trial(x1), trial(x2)
+        if n1 < n2:
+            hi = x2
+            if n1 < best_nll:
+                best_nll, best_s, best_b = n1, s1, x1
+        else:
+            lo = x1
+            if n2 < best_nll:
+                best_nll, best_s, best_b = n2, s2, x2
+    if best_s is None:
+        raise ValueError("no exponent gives a calibration factor")
+    return best_s, best_b, r
+
+
+def power_factors(sigma, s, b, r):
+    """Per-sample factors s (sigma / r)^(b - 1) of a power calibration (sigma: n x p)."""
+    return np.asarray(s) * (np.asarray(sigma) / np.asarray(r)) ** (np.asarray(b) - 1.0)
+
+
 def ellipse_coverage(truth, mean, cov, level):
     """Fraction of truth vectors inside the `level` region of N(mean, cov) (any dimension d):
     Mahalanobis distance^2 below the chi-square quantile, -2 ln(1 - level) for d = 2."""
