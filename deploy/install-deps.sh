@@ -36,7 +36,7 @@ install_onnxruntime_node() {
 
 pkgs=(
   # toolchain
-  build-essential cmake pkg-config git
+  build-essential cmake pkg-config git ccache
   # the required stack
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
