@@ -33,6 +33,7 @@ py=/usr/bin/python3
 for v in N_TRAIN N_VAL N_TEST N_ROBUST SUB_SIDE MEMBERS EPOCHS BATCH MSE_WARMUP_EPOCHS SEED; do
   [[ "${!v}" =~ ^[0-9]+$ ]] && (( 10#${!v} >= 1 )) ||
     { echo "fullres_study.sh: $v=${!v}: expected a positive integer" >&2; exit 2; }
+  printf -v "$v" '%d' "$((10#${!v}))"  # "08" -> 8
 done
 (( MEMBERS <= 99 )) || { echo "fullres_study.sh: MEMBERS=$MEMBERS: expected 1..99" >&2; exit 2; }
 (( N_TRAIN >= 5 && N_VAL >= 2 )) ||
@@ -77,6 +78,11 @@ stage() {  # the next stage: its name, elapsed time, its estimate and the run's 
 }
 total=0; for e in "${est[@]}"; do total=$((total + e)); done
 echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
+# Disk: each universe once whole and once as sub-cubes (int16, 4 channels).
+need_mib=$(( (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * 2 * 8 * side ** 3 / 1048576 ))
+free_mib=$(df -Pm "$out" | awk 'NR == 2 {print $4}')
+(( free_mib >= need_mib )) ||
+  echo "fullres_study.sh: warning: the data need up to $need_mib MiB in $out, $free_mib MiB are free (data already there is reused)"
 
 # ---- 1. universes: the MLPerf preset; the robustness set the same prior with another evolution.
 stage "synth --preset mlperf: $N_TRAIN train, $N_VAL val, $N_TEST test, $N_ROBUST robustness ($ROBUST_ARGS)"
