@@ -13,7 +13,8 @@
 #   PRECISION=fp32 MSE_WARMUP_EPOCHS=2 SEED=1 SERVE_PRECISION=fp32 SYNTH_ARGS=""
 #   PRIOR="0.27,0.33;0.72,0.88;0.864,1.056;63,77" REAL_DIR=<checkout>/../shared/data/mlperf-cosmoflow
 #   BUILD_DIR=<checkout>/build TRAIN=1 (TRAIN=0 reuses a finished OUT_DIR/run)
-# Data already complete in OUT_DIR/data is reused. Progress (stage, elapsed, estimate, ETA) goes
+# Data already complete in OUT_DIR/data is reused, and an interrupted training with the same
+# settings resumes where it stopped. Progress (stage, elapsed, estimate, ETA) goes
 # to stdout; the programs' own progress lines to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -123,7 +124,14 @@ if [ "$TRAIN" = 0 ]; then
 else
   stage "$(basename "$SPEC"), $MEMBERS member(s) x $EPOCHS epochs of $((N_TRAIN * per_universe)) sub-cubes, $PRECISION, 2 ranks x batch $BATCH"
   root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
-  rm -rf "$out/run"
+  # An interrupted run with the same settings resumes (the trainer continues each member from its
+  # latest checkpoint and skips finished ones); any other run directory is replaced.
+  settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $SUB_SIDE $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED"
+  if [ "$(cat "$out/run/fullres-settings" 2>/dev/null)" = "$settings" ]; then
+    echo "   resuming the run in $out/run (same settings)"
+  else
+    rm -rf "$out/run"; mkdir -p "$out/run"; echo "$settings" > "$out/run/fullres-settings"
+  fi
   OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
     --spec "$SPEC" --train "$out/data/train-sub" --val "$out/data/val-sub" --out "$out/run" --epochs "$EPOCHS" \
     --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 256 \

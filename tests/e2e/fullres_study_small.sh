@@ -5,7 +5,8 @@
 # gRPC server and the Python client, cosmoflow-import) and its outputs are complete and sane: every
 # number finite, the served model's checksum recorded before the real cubes were imported (by file
 # order and by time), the three real cubes predicted when ../shared holds them, a skip line when it
-# does not (checked in any case by a re-run with REAL_DIR elsewhere). Says nothing about accuracy.
+# does not (checked in any case by a re-run with REAL_DIR elsewhere, which also resumes the finished
+# training instead of starting over). Says nothing about accuracy.
 # Usage: fullres_study_small.sh BUILD_DIR WORK_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -115,8 +116,10 @@ else:
     assert any(l.startswith("Real cubes skipped") for l in report), "report.md: no skip line"
 PY
 
-# Without the real files (REAL_DIR elsewhere; the trained run and the data are reused): a skip line.
-env "${toy[@]}" TRAIN=0 REAL_DIR="$work/no-such-dir" bash "$here/tools/fullres_study.sh" "$out" > "$work/stdout2.txt"
+# Again without the real files (REAL_DIR elsewhere): the data are reused, the finished training
+# resumes (same settings) instead of starting over, and the real-cube stage writes a skip line.
+env "${toy[@]}" REAL_DIR="$work/no-such-dir" bash "$here/tools/fullres_study.sh" "$out" > "$work/stdout2.txt"
+grep -q "resuming the run in $out/run (same settings)" "$work/stdout2.txt" || fail "the second run did not resume the training"
 grep -q "Real cubes skipped: no MLPerf TFRecords in $work/no-such-dir" "$out/report.md" ||
   fail "report.md has no skip line without the real files"
 grep -q "Real cubes skipped" "$work/stdout2.txt" || fail "stdout does not say the real cubes were skipped"
