@@ -51,15 +51,15 @@ side=128; [[ " $SYNTH_ARGS " =~ \ --side[\ =]([0-9]+) ]] && side=${BASH_REMATCH[
 per_universe=$(( (side / SUB_SIDE) ** 3 ))
 
 # Time estimates on 2 idle cores (docs/accuracy.md, "The full-resolution study", has their basis):
-# 0.75 s per preset universe with 2 workers, 6x that with --pm-mesh 2; cutting 0.05 s per universe;
+# 1.0 s per preset universe with 2 workers, 4x that with --pm-mesh 2; cutting 0.05 s per universe;
 # the baseline 0.15 s per universe; training 300 sub-cubes/s (validation 1000/s); serving 400
 # sub-cubes/s per member. Each scales with the voxel count.
 vol_milli=$(( 1000 * side ** 3 / 128 ** 3 ))
-robust_factor=1; [[ "$ROBUST_ARGS" == *"--pm-mesh 2"* || "$ROBUST_ARGS" == *"--pm-mesh=2"* ]] && robust_factor=6
+robust_factor=1; [[ "$ROBUST_ARGS" == *"--pm-mesh 2"* || "$ROBUST_ARGS" == *"--pm-mesh=2"* ]] && robust_factor=4
 sub_total=$(( (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * per_universe ))
 names=(data subcubes baseline training serving real report)
 est=(
-  $(( (750 * (N_TRAIN + N_VAL + N_TEST) + 750 * robust_factor * N_ROBUST) * vol_milli / 1000000 + 1 ))
+  $(( (1000 * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST) * vol_milli / 1000000 + 1 ))
   $(( 50 * (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * vol_milli / 1000000 + 1 ))
   $(( 150 * (N_TRAIN + N_TEST + N_ROBUST) * vol_milli / 1000000 + 5 ))
   $(( MEMBERS * EPOCHS * (N_TRAIN * per_universe / 300 + N_VAL * per_universe / 1000) + 10 * MEMBERS ))
