@@ -159,7 +159,7 @@ def summary(args):
              f"{study['batch']}. Predictions averaged per universe over its sub-cubes with the combined "
              f"covariance ({study['combine']}, fitted on the validation universes). P(k) baseline: ridge regression "
              f"on the full 128^3 cubes' per-redshift spectra and cross-spectra. Trivial predictor: the training mean.",
-             "", f"Elapsed: {study.get('elapsed_s', 0) / 60:.1f} minutes (estimate {study.get('estimate_s', 0) / 60:.0f} on 2 idle cores).", "",
+             "", f"Elapsed: {study.get('elapsed_s', 0) / 60:.1f} minutes (estimated {study.get('estimate_s', 0) / 60:.0f} minutes on 2 idle cores).", "",
              "## Held-out synthetic universes", ""]
     for key, label, sub in (("test", "Test set (the preset's evolution)", "test"),
                             ("robust", f"Robustness set (`{study['robust_args']}`)", "robust")):
