@@ -44,11 +44,12 @@ for b in synth/synth synth/cosmoflow-subcubes synth/cosmoflow-import trainer/cos
          server/cosmoflow-server client/cosmoflow-client; do
   [ -x "$build/$b" ] || { echo "fullres_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
 done
-mkdir -p "$out/data"
 
 # Cube side of the parents (the preset's 128 unless SYNTH_ARGS says otherwise): the estimates scale with it.
 side=128; [[ " $SYNTH_ARGS " =~ \ --side[\ =]([0-9]+) ]] && side=${BASH_REMATCH[1]}
+(( side % SUB_SIDE == 0 )) || { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
 per_universe=$(( (side / SUB_SIDE) ** 3 ))
+mkdir -p "$out/data"
 
 # Time estimates on 2 idle cores (docs/accuracy.md, "The full-resolution study", has their basis):
 # 1.0 s per preset universe with 2 workers, 4x that with --pm-mesh 2; cutting 0.05 s per universe;
