@@ -19,6 +19,11 @@ err=$(MEMBERS=0 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/ba
 set -e
 [ "$rc" = 2 ] && [[ "$err" == *"MEMBERS=0"* ]] || fail "MEMBERS=0 exited $rc: $err"
 [ ! -e "$work/bad" ] || fail "MEMBERS=0 created $work/bad"
+set +e
+err=$(SUB_SIDE=48 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"SUB_SIDE=48 does not divide"* ]] || fail "SUB_SIDE=48 exited $rc: $err"
+[ ! -e "$work/bad" ] || fail "SUB_SIDE=48 created $work/bad"
 
 out=$work/run
 toy=(BUILD_DIR="$build" N_TRAIN=6 N_VAL=3 N_TEST=3 N_ROBUST=3 MEMBERS=2 EPOCHS=2 MSE_WARMUP_EPOCHS=1)
