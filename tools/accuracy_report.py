@@ -171,6 +171,18 @@ def calibration_markdown(title, c, factors=None):
 BASELINE_RMS_RATIO = {"Omega_M": 0.211, "sigma_8": 0.176, "n_s": 0.943}
 
 
+def parse_ratio_targets(text):
+    """{parameter: RMS / trivial limit} from --trivial-ratio-targets."""
+    if text == "default":
+        return BASELINE_RMS_RATIO
+    if text == "none":
+        return {}
+    try:
+        return {n: float(v) for n, v in (part.split(":") for part in text.split(","))}
+    except ValueError:
+        sys.exit(f"accuracy_report.py: --trivial-ratio-targets {text}: expected default, none or NAME:LIMIT,...")
+
+
 def parse_prior(text, names, true):
     """[(low, high)] per parameter from "lo,hi;lo,hi;..." (the training labels' range), else the
     test truths' range."""
@@ -287,6 +299,9 @@ def main():
     ap.add_argument("--prior", help="lo,hi;lo,hi;... per parameter: the training labels' range")
     ap.add_argument("--baseline")
     ap.add_argument("--train-mean")
+    ap.add_argument("--trivial-ratio-targets", default="default",
+                    help="RMS / trivial limits of the target table: default (the default study's "
+                         f"{BASELINE_RMS_RATIO}), none, or NAME:LIMIT,...")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -336,8 +351,9 @@ def main():
     reports, unc_lines, factors = uncertainty_reports(args, names, true, prior, posteriors)
     if reports:
         key = "network_sym" if "network_sym" in results else "network"
-        ratios = {n: (results[key]["rms"][j] / results["trivial"]["rms"][j], BASELINE_RMS_RATIO[n])
-                  for j, n in enumerate(names) if n in BASELINE_RMS_RATIO}
+        limits = parse_ratio_targets(args.trivial_ratio_targets)
+        ratios = {n: (results[key]["rms"][j] / results["trivial"]["rms"][j], limits[n])
+                  for j, n in enumerate(names) if n in limits}
         lines += ["## Uncertainties", "", f"Intervals are central and truncated to the prior {prior}.", ""] + unc_lines
         for rkey, rep in reports.items():
             rows = check_targets(rep, ratios)

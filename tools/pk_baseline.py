@@ -9,11 +9,20 @@ the training set, with the ridge strength chosen by 5-fold cross-validation, and
 set. This is "a regression on binned P(k)": the information a two-point statistic carries, which is
 what the network has to beat.
 
-Usage: pk_baseline.py --train DIR_OR_H5 --test DIR_OR_H5 --out predictions.csv
-Writes CSV rows: index, true_<param>..., pred_<param>...
+With --cross the features also hold the cross-spectra of every pair of channels, as the correlation
+coefficient r_ij(k) = Re<delta_i delta_j*> / sqrt(P_i P_j) per k bin: the auto-spectra measure how much
+structure each redshift has, r_ij(k) how far nonlinear evolution has decorrelated the field between
+two redshifts (1 on linear scales, falling on small ones), which depends on the growth and so on
+Omega_M and sigma_8. Without --cross the features, fit and output are those of the plain baseline.
+
+Usage: pk_baseline.py --train DIR_OR_H5 --test DIR_OR_H5 [DIR_OR_H5...] --out predictions.csv [CSV...]
+                      [--bins 12] [--cross] [--workers N]
+Several test sets (one --out each) share one fit. Writes CSV rows: index, true_<param>..., pred_<param>...
 """
 import argparse
+import functools
 import glob
+import multiprocessing
 import os
 import sys
 
@@ -32,44 +41,81 @@ def shards(path):
     return [path]
 
 
-def channel_features(n, nbins):
-    """Binned log P(k) of one channel, plus its log variance and empty fraction."""
-    n = n.astype(np.float64)
-    side = n.shape[0]
-    mean = n.mean()
-    delta = n / mean - 1.0
-    dk = np.fft.rfftn(delta)
-    p = (np.abs(dk) ** 2) / delta.size  # in units of voxel volume (box side in voxels)
+@functools.lru_cache(maxsize=4)
+def k_bins(side, nbins):
+    """Bin index of every rfftn mode of a side^3 cube (-1 or nbins: outside every bin) and the
+    number of modes per bin. Bins are logarithmic from the fundamental mode to the Nyquist frequency."""
     kx = np.fft.fftfreq(side) * side
     kz = np.fft.rfftfreq(side) * side
     kk = np.sqrt(kx[:, None, None] ** 2 + kx[None, :, None] ** 2 + kz[None, None, :] ** 2)
-    # Bins from the fundamental mode to the Nyquist frequency, logarithmic.
     edges = np.logspace(0, np.log10(side / 2), nbins + 1)
     which = np.digitize(kk.ravel(), edges) - 1
     good = (which >= 0) & (which < nbins)
-    sums = np.bincount(which[good], weights=p.ravel()[good], minlength=nbins)
-    counts = np.bincount(which[good], minlength=nbins)
-    pk = sums / np.maximum(counts, 1)
+    return which[good], good, np.bincount(which[good], minlength=nbins)
+
+
+def binned(values, side, nbins):
+    which, good, counts = k_bins(side, nbins)
+    return np.bincount(which, weights=values.ravel()[good], minlength=nbins) / np.maximum(counts, 1)
+
+
+def channel_fft(n):
+    """delta = n / mean(n) - 1 of one channel, Fourier transformed (rfftn)."""
+    n = n.astype(np.float64)
+    return np.fft.rfftn(n / n.mean() - 1.0)
+
+
+def channel_features(n, nbins, dk=None):
+    """Binned log P(k) of one channel, plus its log variance and empty fraction."""
+    n = n.astype(np.float64)
+    side = n.shape[0]
+    dk = channel_fft(n) if dk is None else dk
+    p = (np.abs(dk) ** 2) / n.size  # in units of voxel volume (box side in voxels)
+    pk = binned(p, side, nbins)
     return np.concatenate([np.log(pk + 1e-12), [np.log(n.var() + 1e-12), (n == 0).mean()]])
 
 
-def power_features(cube, nbins):
+def cross_features(dks, side, nbins):
+    """r_ij(k) = Re<dk_i conj(dk_j)> / sqrt(P_i P_j) per bin for every pair i < j of channels."""
+    auto = [binned(np.abs(d) ** 2, side, nbins) for d in dks]
+    out = []
+    for i in range(len(dks)):
+        for j in range(i + 1, len(dks)):
+            c = binned((dks[i] * np.conj(dks[j])).real, side, nbins)
+            out.append(c / np.sqrt(np.maximum(auto[i] * auto[j], 1e-300)))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def power_features(cube, nbins, cross=False):
     """The features of every channel (redshift), side by side: with several redshifts of the same
     initial field, differences of log P(k) between channels measure the growth of structure (which
-    depends on Omega_M) nearly free of sample variance, and a linear model can form them."""
-    return np.concatenate([channel_features(c, nbins) for c in cube])
+    depends on Omega_M) nearly free of sample variance, and a linear model can form them. With
+    cross, the cross-correlation coefficients of every pair of channels follow."""
+    dks = [channel_fft(c) for c in cube]
+    feats = [channel_features(c, nbins, dk) for c, dk in zip(cube, dks)]
+    if cross:
+        feats.append(cross_features(dks, cube.shape[-1], nbins))
+    return np.concatenate(feats)
 
 
-def load(path, nbins):
-    feats, params, names = [], [], None
-    for f in shards(path):
-        with h5py.File(f, "r") as h:
-            names = [s.decode() if isinstance(s, bytes) else s for s in h.attrs["param_names"]]
-            cubes = h["cubes"]
-            for i in range(cubes.shape[0]):
-                feats.append(power_features(cubes[i], nbins))
-            params.append(h["params"][:])
-    return np.array(feats), np.concatenate(params), names
+def _shard_features(job):
+    f, nbins, cross = job
+    with h5py.File(f, "r") as h:
+        names = [s.decode() if isinstance(s, bytes) else s for s in h.attrs["param_names"]]
+        cubes = h["cubes"]
+        feats = [power_features(cubes[i], nbins, cross) for i in range(cubes.shape[0])]
+        return feats, h["params"][:], names
+
+
+def load(path, nbins, cross=False, workers=1):
+    jobs = [(f, nbins, cross) for f in shards(path)]
+    if workers > 1 and len(jobs) > 1:
+        with multiprocessing.Pool(min(workers, len(jobs))) as pool:
+            parts = pool.map(_shard_features, jobs)
+    else:
+        parts = [_shard_features(j) for j in jobs]
+    feats = [x for p in parts for x in p[0]]
+    return np.array(feats), np.concatenate([p[1] for p in parts]), parts[-1][2]
 
 
 def ridge_fit(x, y, lam):
@@ -86,15 +132,19 @@ def design(x, mu, sd):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--train", required=True)
-    ap.add_argument("--test", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--test", required=True, nargs="+")
+    ap.add_argument("--out", required=True, nargs="+")
     ap.add_argument("--bins", type=int, default=12)
+    ap.add_argument("--cross", action="store_true",
+                    help="add the cross-correlation coefficient r_ij(k) of every pair of channels")
+    ap.add_argument("--workers", type=int, default=1, help="processes computing features (one shard each)")
     args = ap.parse_args()
+    if len(args.test) != len(args.out):
+        sys.exit(f"pk_baseline.py: {len(args.test)} --test sets but {len(args.out)} --out files")
 
-    xtr, ytr, names = load(args.train, args.bins)
-    xte, yte, _ = load(args.test, args.bins)
+    xtr, ytr, names = load(args.train, args.bins, args.cross, args.workers)
     mu, sd = xtr.mean(0), xtr.std(0) + 1e-12
-    dtr, dte = design(xtr, mu, sd), design(xte, mu, sd)
+    dtr = design(xtr, mu, sd)
     # Ridge strength by 5-fold cross-validation on the training set.
     folds = np.arange(len(dtr)) % 5
     best = None
@@ -106,14 +156,19 @@ def main():
         if best is None or err < best[0]:
             best = (err, lam)
     w = ridge_fit(dtr, ytr, best[1])
-    pred = dte @ w
-    with open(args.out, "w") as out:
-        out.write("index," + ",".join(f"true_{n}" for n in names) + "," +
-                  ",".join(f"pred_{n}" for n in names) + "\n")
-        for i, (t, p) in enumerate(zip(yte, pred)):
-            out.write(f"{i}," + ",".join(f"{v:.6g}" for v in t) + "," + ",".join(f"{v:.6g}" for v in p) + "\n")
-    print(f"pk_baseline.py: {len(xtr)} train / {len(xte)} test cubes, {args.bins} k bins, ridge lambda {best[1]}"
-          f" -> {args.out}", file=sys.stderr)
+    for test, out_path in zip(args.test, args.out):
+        xte, yte, tnames = load(test, args.bins, args.cross, args.workers)
+        if tnames != names:
+            sys.exit(f"pk_baseline.py: {test}: parameters {tnames}, the training set has {names}")
+        pred = design(xte, mu, sd) @ w
+        with open(out_path, "w") as out:
+            out.write("index," + ",".join(f"true_{n}" for n in names) + "," +
+                      ",".join(f"pred_{n}" for n in names) + "\n")
+            for i, (t, p) in enumerate(zip(yte, pred)):
+                out.write(f"{i}," + ",".join(f"{v:.6g}" for v in t) + "," + ",".join(f"{v:.6g}" for v in p) + "\n")
+        print(f"pk_baseline.py: {len(xtr)} train / {len(xte)} test cubes, {args.bins} k bins"
+              f"{', cross-spectra' if args.cross else ''}, {xtr.shape[1]} features, ridge lambda {best[1]}"
+              f" -> {out_path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

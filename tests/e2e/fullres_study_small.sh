@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# tools/fullres_study.sh at toy scale (6 / 3 / 3 MLPerf-preset universes of 128^3 and 3 robustness
+# universes with --pm-mesh 2, each cut into 64 sub-cubes of 32^3; a 2-member ensemble, 2 epochs):
+# every stage runs with the real programs (synth, cosmoflow-subcubes, a 2-rank cosmoflow-train, the
+# gRPC server and the Python client, cosmoflow-import) and its outputs are complete and sane: every
+# number finite, the served model's checksum recorded before the real cubes were imported (by file
+# order and by time), the three real cubes predicted when ../shared holds them, a skip line when it
+# does not (checked in any case by a re-run with REAL_DIR elsewhere, which also resumes the finished
+# training instead of starting over). Says nothing about accuracy.
+# Usage: fullres_study_small.sh BUILD_DIR WORK_DIR
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+build=$1; work=$2
+rm -rf "$work"; mkdir -p "$work"
+fail() { echo "fullres_study_small: $*" >&2; exit 1; }
+
+set +e
+err=$(MEMBERS=0 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"MEMBERS=0"* ]] || fail "MEMBERS=0 exited $rc: $err"
+[ ! -e "$work/bad" ] || fail "MEMBERS=0 created $work/bad"
+set +e
+err=$(SUB_SIDE=48 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"SUB_SIDE=48 does not divide"* ]] || fail "SUB_SIDE=48 exited $rc: $err"
+[ ! -e "$work/bad" ] || fail "SUB_SIDE=48 created $work/bad"
+
+out=$work/run
+toy=(BUILD_DIR="$build" N_TRAIN=6 N_VAL=3 N_TEST=3 N_ROBUST=3 MEMBERS=2 EPOCHS=2 MSE_WARMUP_EPOCHS=1)
+env "${toy[@]}" bash "$here/tools/fullres_study.sh" "$out" | tee "$work/stdout.txt"
+for s in 1 2 3 4 5 6 7; do
+  grep -qE "^== \[[0-9]+h[0-9]{2}m[0-9]{2}s\] stage $s/7: .*estimate .*run ETA" "$work/stdout.txt" ||
+    fail "stdout has no progress line for stage $s/7"
+done
+grep -q "^fullres study done in " "$work/stdout.txt" || fail "stdout has no closing line"
+
+for f in report.md report.json study.json model_info.json model_info_cli.json real_cubes.md run/ensemble.json \
+         pk_test.csv pk_robust.csv pred_val.csv pred_test.csv pred_robust.csv \
+         universes_val.csv universes_test.csv universes_robust.csv; do
+  [ -s "$out/$f" ] || fail "$out/$f missing or empty"
+done
+for set in test robust; do
+  for f in accuracy.md accuracy.json pred_vs_true.png pred_vs_true_errorbars.png coverage_curve.png; do
+    [ -s "$out/$set/$f" ] || fail "$out/$set/$f missing or empty"
+  done
+done
+
+shared=$here/../shared/data/mlperf-cosmoflow
+real=0; ls "$shared"/*.tfrecord >/dev/null 2>&1 && real=1
+/usr/bin/python3 - "$out" "$real" <<'PY' || fail "the outputs are incomplete or not sane (above)"
+import csv, glob, json, math, os, re, sys
+out, real = sys.argv[1], sys.argv[2] == "1"
+P = ["Omega_M", "sigma_8", "n_s", "H0"]
+def rows(name):
+    with open(os.path.join(out, name)) as f:
+        return list(csv.DictReader(f))
+def finite(x, what):
+    assert isinstance(x, (int, float)) and math.isfinite(x), f"{what} = {x!r} is not a finite number"
+    return x
+# Per sub-cube predictions: 64 per universe, sigma and the full 4x4 covariance, all finite.
+for name, n in (("pred_val.csv", 3), ("pred_test.csv", 3), ("pred_robust.csv", 3)):
+    r = rows(name)
+    assert len(r) == 64 * n, f"{name}: {len(r)} rows, expected {64 * n}"
+    for key in [f"pred_{p}" for p in P] + [f"sigma_{p}" for p in P] + ["cov_Omega_M_H0", "cov_n_s_H0"]:
+        assert key in r[0], f"{name}: no column {key}"
+        for x in r:
+            finite(float(x[key]), f"{name} {key}")
+# Per universe: one row each, 64 sub-cubes, positive sigma.
+for name, n in (("universes_val.csv", 3), ("universes_test.csv", 3), ("universes_robust.csv", 3)):
+    r = rows(name)
+    assert len(r) == n and all(x["subcubes"] == "64" for x in r), f"{name}: {len(r)} rows"
+    assert all(float(x[f"sigma_{p}"]) > 0 for x in r for p in P), f"{name}: a sigma <= 0"
+for name, n in (("pk_test.csv", 3), ("pk_robust.csv", 3)):
+    r = rows(name)
+    assert len(r) == n and all(finite(float(x[f"pred_{p}"]), name) for x in r for p in P), name
+study = json.load(open(f"{out}/study.json"))
+assert 0 <= finite(study["rho"], "rho") <= 1 and study["subcubes_per_universe"] == 64, study
+rep = json.load(open(f"{out}/report.json"))
+for key in ("test", "robust"):
+    s = rep["sets"][key]
+    for p in P:
+        e = s["params"][p]
+        for k in ("network_rms", "baseline_rms", "trivial_rms", "baseline_over_network"):
+            assert finite(e[k], f"{key} {p} {k}") >= 0, (key, p, k)
+        assert (e["target"] == 1.5) == (p in ("Omega_M", "sigma_8")), (key, p, e["target"])
+        c = s["calibration"][p]
+        for q in ("0.683", "0.954"):
+            assert 0 <= finite(c["coverage"][q], "coverage") <= 1, (key, p, c)
+            assert all(0 <= finite(v, "tercile coverage") <= 1 for v in c["tercile_range"][q]), (key, p, c)
+        finite(c["sigma_over_rms"], "mean sigma / RMS")
+    for who in ("network", "pk_baseline", "trivial"):
+        assert 0 <= finite(s["mlperf_metric"][who], f"{key} MLPerf metric {who}") < 5, (key, who)
+    assert len(s["calibration"]["joint"]["params"]) == 2, key
+# The served model: the same checksum from the Python and the CLI client, 8 hex digits, first in
+# real_cubes.md, and before any real-cube line in report.md.
+info, cli = json.load(open(f"{out}/model_info.json")), json.load(open(f"{out}/model_info_cli.json"))
+assert re.fullmatch(r"[0-9a-f]{8}", info["checksum"]) and cli["checksum"] == info["checksum"], (info["checksum"], cli.get("checksum"))
+assert info["ensemble_members"] == 2 and len(info["outputs"]) == 4, info
+real_md = open(f"{out}/real_cubes.md").read().splitlines()
+assert real_md[0].startswith("Served model") and info["checksum"] in real_md[0], real_md[0]
+report = open(f"{out}/report.md").read().splitlines()
+served = next(i for i, l in enumerate(report) if l.startswith("Served model") and info["checksum"] in l)
+if real:
+    first_real = next(i for i, l in enumerate(report) if l.startswith("| 0 |"))
+    assert served < first_real, "report.md: a real-cube line precedes the served model's checksum"
+    imported = glob.glob(f"{out}/data/real/*.h5")
+    assert imported and os.path.getmtime(f"{out}/model_info.json") <= min(os.path.getmtime(f) for f in imported), \
+        "the real cubes were imported before the model's checksum was written"
+    r = json.load(open(f"{out}/real_cubes.json"))
+    assert len(r["cubes"]) == 3 and r["dof"] == 6 and abs(r["chi2_limit_95"] - 12.59) < 0.01, r
+    finite(r["chi2"], "chi2"); finite(r["max_abs_z"], "max |z|")
+    truth = {0: (0.2842, 0.7893), 1: (0.2892, 0.8262), 2: (0.3156, 0.7990)}  # the real files' labels (README)
+    for c in r["cubes"]:
+        assert c["subcubes"] == 64, c
+        for p in P:
+            finite(c["params"][p]["pred"], "real pred"); assert c["params"][p]["sigma"] > 0, c
+        t = truth[c["cube"]]
+        assert abs(c["params"]["Omega_M"]["true"] - t[0]) < 1e-3 and abs(c["params"]["sigma_8"]["true"] - t[1]) < 1e-3, c
+    assert any("Chi-square of the 6 standardised residuals" in l for l in report), "report.md: no chi-square line"
+else:
+    assert any(l.startswith("Real cubes skipped") for l in report), "report.md: no skip line"
+PY
+
+# Again without the real files (REAL_DIR elsewhere): the data are reused, the finished training
+# resumes (same settings) instead of starting over, and the real-cube stage writes a skip line.
+env "${toy[@]}" REAL_DIR="$work/no-such-dir" bash "$here/tools/fullres_study.sh" "$out" > "$work/stdout2.txt"
+grep -q "resuming the run in $out/run (same settings)" "$work/stdout2.txt" || fail "the second run did not resume the training"
+grep -q "Real cubes skipped: no MLPerf TFRecords in $work/no-such-dir" "$out/report.md" ||
+  fail "report.md has no skip line without the real files"
+grep -q "Real cubes skipped" "$work/stdout2.txt" || fail "stdout does not say the real cubes were skipped"
+[ ! -e "$out/real_cubes.json" ] || fail "real_cubes.json left from the earlier run"
+[ "$real" = 1 ] && echo "fullres_study_small: ok (real cubes predicted)" ||
+  echo "fullres_study_small: ok (no real MLPerf files in $shared: the real-cube stage skipped)"

@@ -1,0 +1,203 @@
+#!/usr/bin/python3
+"""The full-resolution study's report (tools/fullres_study.sh).
+
+    fullres_report.py real --universes REAL_UNIVERSES.csv --md REAL_CUBES.md --json REAL_CUBES.json
+        Appends the real cubes' table to REAL_CUBES.md (which the study began with the served
+        model's checksum before any real cube was imported) and writes REAL_CUBES.json: per cube,
+        prediction +- sigma against truth for every parameter, the standardised residuals
+        z = (pred - true) / sigma of Omega_M and sigma_8, their chi-square over all cubes against
+        the 95% point of chi-square with 2 x cubes degrees of freedom (12.6 for 3 cubes), and the
+        largest |z| against 3. Sigma is as served and averaged (never rescaled here).
+
+    fullres_report.py summary --dir OUT
+        Writes OUT/report.md and OUT/report.json from OUT/study.json (settings), OUT/test/ and
+        OUT/robust/accuracy.json (tools/accuracy_report.py on the held-out and the robustness
+        universes), OUT/model_info.json and OUT/real_cubes.{md,json} (or OUT/real_cubes.md's skip
+        line): RMS of network, P(k) baseline and trivial predictor per parameter, the baseline /
+        network RMS ratio against the target 1.5 for Omega_M and sigma_8, the MLPerf metric (MAE
+        on unit-range labels over all four parameters, target 0.124), the calibration summary
+        (68.3% / 95.4% coverage overall and per tercile), then the served model, then the real cubes.
+Exit status 0 done, 1 an input missing or unusable (one line on stderr).
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+
+import numpy as np
+from scipy.stats import chi2
+
+RATIO_TARGET = 1.5          # P(k) baseline RMS / network RMS, issue 19
+RATIO_PARAMS = ("Omega_M", "sigma_8")
+MLPERF_TARGET = 0.124       # MLPerf HPC CosmoFlow: MAE on unit-range labels
+REAL_PARAMS = ("Omega_M", "sigma_8")
+
+
+def fail(msg):
+    print(f"fullres_report.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def load_json(path):
+    if not os.path.exists(path):
+        fail(f"{path}: no such file")
+    with open(path) as f:
+        return json.load(f)
+
+
+def real(args):
+    if not os.path.exists(args.universes):
+        fail(f"{args.universes}: no such file")
+    with open(args.universes) as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not all(f"sigma_{n}" in rows[0] for n in REAL_PARAMS):
+        fail(f"{args.universes}: no rows, or no sigma_<p> columns for {REAL_PARAMS}")
+    names = [k[5:] for k in rows[0] if k.startswith("true_")]
+    cubes, zs = [], []
+    for r in rows:
+        entry = {"cube": int(r["group"]), "subcubes": int(r["subcubes"]), "combine": r["combine"], "params": {}}
+        for n in names:
+            t, p, s = float(r["true_" + n]), float(r["pred_" + n]), float(r["sigma_" + n])
+            entry["params"][n] = {"true": t, "pred": p, "sigma": s, "z": (p - t) / s}
+        zs += [entry["params"][n]["z"] for n in REAL_PARAMS]
+        cubes.append(entry)
+    zs = np.array(zs)
+    if not np.all(np.isfinite(zs)):
+        fail(f"{args.universes}: a standardised residual is not finite")
+    dof = len(zs)
+    limit = float(chi2.ppf(0.95, dof))
+    result = {"cubes": cubes, "residual_params": list(REAL_PARAMS), "chi2": float(np.sum(zs ** 2)), "dof": dof,
+              "chi2_limit_95": limit, "p_value": float(chi2.sf(np.sum(zs ** 2), dof)),
+              "max_abs_z": float(np.max(np.abs(zs)))}
+    result["chi2_met"] = result["chi2"] < limit
+    result["max_z_met"] = result["max_abs_z"] <= 3
+    rho = cubes[0]["combine"].partition("rho=")[2] or cubes[0]["combine"]
+    lines = ["", f"Each cube predicted as its {cubes[0]['subcubes']} sub-cubes, averaged with the combined covariance "
+                 f"(error correlation between sub-cubes rho = {rho}, fitted on the validation universes); sigma as "
+                 "served, never rescaled after seeing the real cubes.", "",
+             "| cube | " + " | ".join(f"{n}: pred ± sigma (true)" for n in names) + " | " +
+             " | ".join(f"z {n}" for n in REAL_PARAMS) + " |",
+             "|---|" + "---|" * (len(names) + len(REAL_PARAMS))]
+    for c in cubes:
+        lines.append(f"| {c['cube']} | " + " | ".join(
+            f"{c['params'][n]['pred']:.4g} ± {c['params'][n]['sigma']:.2g} ({c['params'][n]['true']:.4g})" for n in names) +
+            " | " + " | ".join(f"{c['params'][n]['z']:+.2f}" for n in REAL_PARAMS) + " |")
+    lines += ["", f"Chi-square of the {dof} standardised residuals ({', '.join(REAL_PARAMS)}): {result['chi2']:.2f} "
+                  f"(95% point of chi-square({dof}): {limit:.1f}; p = {result['p_value']:.3g}): "
+                  f"{'met' if result['chi2_met'] else '**missed**'}. Largest |z|: {result['max_abs_z']:.2f} "
+                  f"(limit 3): {'met' if result['max_z_met'] else '**missed**'}.", ""]
+    with open(args.md, "a") as f:
+        f.write("\n".join(lines))
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    print("\n".join(lines))
+
+
+def summarise(acc, label):
+    """Markdown lines and a JSON dict for one set of universes from accuracy_report.py's JSON."""
+    names = acc["params"]
+    net, base, triv = acc["network"], acc.get("pk_baseline"), acc["trivial"]
+    out = {"universes": acc["test_samples"], "params": {}, "mlperf_metric": {}}
+    lines = [f"### {label}: {acc['test_samples']} universes", "",
+             "| parameter | network RMS | P(k) baseline RMS | trivial RMS | network / trivial | baseline / network | target | met? |",
+             "|---|---|---|---|---|---|---|---|"]
+    for j, n in enumerate(names):
+        ratio = base["rms"][j] / net["rms"][j] if base else math.nan
+        target = RATIO_TARGET if n in RATIO_PARAMS else None
+        met = None if target is None else bool(ratio >= target)
+        out["params"][n] = {"network_rms": net["rms"][j], "baseline_rms": base["rms"][j] if base else None,
+                            "trivial_rms": triv["rms"][j], "baseline_over_network": ratio,
+                            "target": target, "met": met}
+        lines.append(f"| {n} | {net['rms'][j]:.4g} | {base['rms'][j] if base else math.nan:.4g} | {triv['rms'][j]:.4g} | "
+                     f"{net['rms'][j] / triv['rms'][j]:.3f} | {ratio:.2f}x | "
+                     f"{'>= %.1fx' % target if target else ''} | "
+                     f"{'' if met is None else ('met' if met else '**missed**')} |")
+    for who in ("network", "pk_baseline", "trivial"):
+        if who in acc:
+            out["mlperf_metric"][who] = float(np.mean(acc[who]["mae_unit"]))
+    lines += ["", f"MLPerf metric (MAE on unit-range labels, mean over {', '.join(names)}; target {MLPERF_TARGET}): " +
+              ", ".join(f"{who} {v:.4f}" for who, v in out["mlperf_metric"].items()) +
+              f" ({'met' if out['mlperf_metric']['network'] <= MLPERF_TARGET else '**missed**'} by the network).", ""]
+    unc = acc.get("uncertainty", {}).get("served")
+    if unc:
+        lines += ["Calibration of the averaged posterior (68.3% / 95.4% coverage of intervals truncated to the prior; "
+                  "per tercile: the range over the terciles of the true value and of sigma):", "",
+                  "| parameter | 68.3% | 95.4% | 68.3% per tercile | 95.4% per tercile | mean sigma / RMS |",
+                  "|---|---|---|---|---|---|"]
+        out["calibration"] = {}
+        for n, e in unc["params"].items():
+            ter = {q: [t[q] for k in ("terciles_true", "terciles_sigma") for t in e[k]] for q in ("0.683", "0.954")}
+            out["calibration"][n] = {"coverage": e["coverage"], "tercile_range": {q: [min(v), max(v)] for q, v in ter.items()},
+                                     "sigma_over_rms": e["mean_sigma"] / e["rms"]}
+            lines.append(f"| {n} | {e['coverage']['0.683']:.3f} | {e['coverage']['0.954']:.3f} | "
+                         f"{min(ter['0.683']):.3f}-{max(ter['0.683']):.3f} | {min(ter['0.954']):.3f}-{max(ter['0.954']):.3f} | "
+                         f"{e['mean_sigma'] / e['rms']:.3f} |")
+        if "joint" in unc:
+            j = unc["joint"]
+            out["calibration"]["joint"] = j
+            lines += ["", f"Joint ({', '.join(j['params'])}) ellipses: {j['coverage']['0.683']:.3f} (68.3%), "
+                          f"{j['coverage']['0.954']:.3f} (95.4%)."]
+        missed = [t["target"] for t in unc.get("targets", []) if not t["met"]]
+        out["calibration_targets_missed"] = missed
+        lines += ["", f"Calibration targets: {len(unc.get('targets', [])) - len(missed)} of {len(unc.get('targets', []))} "
+                      "met (each in the accuracy.md linked below).", ""]
+    return lines, out
+
+
+def summary(args):
+    d = args.dir
+    study = load_json(os.path.join(d, "study.json"))
+    report = {"study": study, "sets": {}}
+    lines = ["# Full-resolution study", "",
+             f"{study['n_train']} training, {study['n_val']} validation and {study['n_test']} test universes of "
+             f"`synth --preset mlperf` (128^3 voxels of 1 Mpc/h at H0 = 70, z = 0, 0.5, 1.5, 3), and "
+             f"{study['n_robust']} robustness universes evolved with `{study['robust_args']}`; each cut into "
+             f"{study['subcubes_per_universe']} sub-cubes of {study['sub_side']}^3. Network `{study['spec']}`, "
+             f"{study['members']} member(s) x {study['epochs']} epochs, {study['precision']}, 2 MPI ranks x batch "
+             f"{study['batch']}. Predictions averaged per universe over its sub-cubes with the combined "
+             f"covariance ({study['combine']}, fitted on the validation universes). P(k) baseline: ridge regression "
+             f"on the full 128^3 cubes' per-redshift spectra and cross-spectra. Trivial predictor: the training mean.",
+             "", f"Elapsed: {study.get('elapsed_s', 0) / 60:.1f} minutes (estimated {study.get('estimate_s', 0) / 60:.0f} minutes on 2 idle cores).", "",
+             "## Held-out synthetic universes", ""]
+    for key, label, sub in (("test", "Test set (the preset's evolution)", "test"),
+                            ("robust", f"Robustness set (`{study['robust_args']}`)", "robust")):
+        acc = load_json(os.path.join(d, sub, "accuracy.json"))
+        part, report["sets"][key] = summarise(acc, label)
+        lines += part + [f"Tables: [{sub}/accuracy.md]({sub}/accuracy.md); plots: "
+                         f"[predicted vs true with 68.3% error bars]({sub}/pred_vs_true_errorbars.png), "
+                         f"[coverage curve]({sub}/coverage_curve.png), [network and baseline]({sub}/pred_vs_true.png).", ""]
+    info = load_json(os.path.join(d, "model_info.json"))
+    report["model"] = {k: info.get(k) for k in ("version", "checksum", "ensemble_members", "member_checkpoints")}
+    report["model"]["manifest_sha256"] = study.get("manifest_sha256")
+    lines += ["## Real cubes", ""]
+    real_md = os.path.join(d, "real_cubes.md")
+    if not os.path.exists(real_md):
+        fail(f"{real_md}: no such file")
+    with open(real_md) as f:
+        lines += [f.read().rstrip(), ""]
+    real_json = os.path.join(d, "real_cubes.json")
+    report["real_cubes"] = load_json(real_json) if os.path.exists(real_json) else None
+    with open(os.path.join(d, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(d, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("real")
+    r.add_argument("--universes", required=True)
+    r.add_argument("--md", required=True)
+    r.add_argument("--json", required=True)
+    s = sub.add_parser("summary")
+    s.add_argument("--dir", required=True)
+    a = ap.parse_args()
+    real(a) if a.what == "real" else summary(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# The full-resolution study (issue 19), one command: MLPerf-preset universes (128^3 voxels of
+# 1 Mpc/h, four redshifts), 32^3 sub-cubes, a 2-rank ensemble of a 4-output full-covariance network,
+# predictions of every sub-cube through the real gRPC server averaged per universe with the
+# combined uncertainty, the P(k) baseline (per-redshift spectra and cross-spectra) on the full
+# cubes, the trivial predictor, a robustness set evolved with other settings, and the three real
+# MLPerf cubes, predicted only after the served model's checksum is in the report.
+#
+# Usage: tools/fullres_study.sh OUT_DIR        (docs/accuracy.md, "The full-resolution study")
+# Scale by environment variables; the defaults are the full study, about 90 minutes on 2 idle cores:
+#   N_TRAIN=512 N_VAL=64 N_TEST=128 N_ROBUST=64 ROBUST_ARGS="--pm-mesh 2" SUB_SIDE=32
+#   SPEC=tools/specs/fullres32x4-log1p-fullcov.json MEMBERS=3 EPOCHS=12 BATCH=8 LR=0.001
+#   PRECISION=fp32 MSE_WARMUP_EPOCHS=2 SEED=1 SERVE_PRECISION=fp32 SYNTH_ARGS=""
+#   PRIOR="0.27,0.33;0.72,0.88;0.864,1.056;63,77" REAL_DIR=<checkout>/../shared/data/mlperf-cosmoflow
+#   BUILD_DIR=<checkout>/build TRAIN=1 (TRAIN=0 reuses a finished OUT_DIR/run)
+# Data already complete in OUT_DIR/data is reused, and an interrupted training with the same
+# settings resumes where it stopped. Progress (stage, elapsed, estimate, ETA) goes
+# to stdout; the programs' own progress lines to stderr.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+[ $# = 1 ] || { echo "usage: tools/fullres_study.sh OUT_DIR" >&2; exit 2; }
+out=$(realpath -m "$1")
+build=${BUILD_DIR:-$here/build}
+N_TRAIN=${N_TRAIN:-512}; N_VAL=${N_VAL:-64}; N_TEST=${N_TEST:-128}; N_ROBUST=${N_ROBUST:-64}
+ROBUST_ARGS=${ROBUST_ARGS:---pm-mesh 2}; SUB_SIDE=${SUB_SIDE:-32}; SYNTH_ARGS=${SYNTH_ARGS:-}
+SPEC=${SPEC:-$here/tools/specs/fullres32x4-log1p-fullcov.json}
+MEMBERS=${MEMBERS:-3}; EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}
+MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-2}; SEED=${SEED:-1}; SERVE_PRECISION=${SERVE_PRECISION:-fp32}
+PRIOR=${PRIOR:-0.27,0.33;0.72,0.88;0.864,1.056;63,77}  # the preset's prior (synth/mlperf.h): p0 (1 +- 0.1)
+REAL_DIR=${REAL_DIR:-$here/../shared/data/mlperf-cosmoflow}
+TRAIN=${TRAIN:-1}
+py=/usr/bin/python3
+
+for v in N_TRAIN N_VAL N_TEST N_ROBUST SUB_SIDE MEMBERS EPOCHS BATCH MSE_WARMUP_EPOCHS SEED; do
+  [[ "${!v}" =~ ^[0-9]+$ ]] && (( 10#${!v} >= 1 )) ||
+    { echo "fullres_study.sh: $v=${!v}: expected a positive integer" >&2; exit 2; }
+  printf -v "$v" '%d' "$((10#${!v}))"  # "08" -> 8
+done
+(( MEMBERS <= 99 )) || { echo "fullres_study.sh: MEMBERS=$MEMBERS: expected 1..99" >&2; exit 2; }
+(( N_TRAIN >= 5 && N_VAL >= 2 )) ||
+  { echo "fullres_study.sh: N_TRAIN=$N_TRAIN N_VAL=$N_VAL: the baseline's 5-fold fit and the rho fit need >= 5 and >= 2" >&2; exit 2; }
+[ -f "$SPEC" ] || { echo "fullres_study.sh: SPEC=$SPEC: no such file" >&2; exit 2; }
+for b in synth/synth synth/cosmoflow-subcubes synth/cosmoflow-import trainer/cosmoflow-train \
+         server/cosmoflow-server client/cosmoflow-client; do
+  [ -x "$build/$b" ] || { echo "fullres_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
+done
+
+# Cube side of the parents (the preset's 128 unless SYNTH_ARGS says otherwise): the estimates scale with it.
+side=128; [[ " $SYNTH_ARGS " =~ \ --side[\ =]([0-9]+) ]] && side=${BASH_REMATCH[1]}
+(( side % SUB_SIDE == 0 )) || { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
+per_universe=$(( (side / SUB_SIDE) ** 3 ))
+mkdir -p "$out/data"
+
+# Time estimates on 2 idle cores (docs/accuracy.md, "The full-resolution study", has their basis):
+# 1.0 s per preset universe with 2 workers, 4x that with --pm-mesh 2; cutting 0.05 s per universe;
+# the baseline 0.15 s per universe; training 300 sub-cubes/s (validation 1000/s); serving 400
+# sub-cubes/s per member. Each scales with the voxel count.
+vol_milli=$(( 1000 * side ** 3 / 128 ** 3 ))
+robust_factor=1; [[ "$ROBUST_ARGS" == *"--pm-mesh 2"* || "$ROBUST_ARGS" == *"--pm-mesh=2"* ]] && robust_factor=4
+sub_total=$(( (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * per_universe ))
+names=(data subcubes baseline training serving real report)
+est=(
+  $(( (1000 * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST) * vol_milli / 1000000 + 1 ))
+  $(( 50 * (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * vol_milli / 1000000 + 1 ))
+  $(( 150 * (N_TRAIN + N_TEST + N_ROBUST) * vol_milli / 1000000 + 5 ))
+  $(( MEMBERS * EPOCHS * (N_TRAIN * per_universe / 300 + N_VAL * per_universe / 1000) + 10 * MEMBERS ))
+  $(( MEMBERS * (N_VAL + N_TEST + N_ROBUST) * per_universe / 400 + 5 ))
+  $(( MEMBERS * 3 * 64 / 400 + 15 ))
+  20)
+fmt() { printf '%dh%02dm%02ds' $(($1 / 3600)) $(($1 % 3600 / 60)) $(($1 % 60)); }
+t0=$(date +%s); k=0
+stage() {  # the next stage: its name, elapsed time, its estimate and the run's ETA (estimates scaled
+           # by how the finished stages compared with theirs)
+  local now=$(( $(date +%s) - t0 )) done_est=0 rest=0 i
+  for ((i = 0; i < k; i++)); do done_est=$((done_est + est[i])); done
+  for ((i = k; i < ${#est[@]}; i++)); do rest=$((rest + est[i])); done
+  local eta=$rest; (( done_est > 30 )) && eta=$(( rest * now / done_est ))
+  echo "== [$(fmt "$now")] stage $((k + 1))/${#est[@]}: ${names[k]}: $1 (estimate $(fmt "${est[k]}"), run ETA $(fmt "$eta"))"
+  k=$((k + 1))
+}
+total=0; for e in "${est[@]}"; do total=$((total + e)); done
+echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
+# Disk: each universe once whole and once as sub-cubes (int16, 4 channels).
+need_mib=$(( (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * 2 * 8 * side ** 3 / 1048576 ))
+free_mib=$(df -Pm "$out" | awk 'NR == 2 {print $4}')
+(( free_mib >= need_mib )) ||
+  echo "fullres_study.sh: warning: the data need up to $need_mib MiB in $out, $free_mib MiB are free (data already there is reused)"
+
+# ---- 1. universes: the MLPerf preset; the robustness set the same prior with another evolution.
+stage "synth --preset mlperf: $N_TRAIN train, $N_VAL val, $N_TEST test, $N_ROBUST robustness ($ROBUST_ARGS)"
+gen() {  # set seed count extra-args...: into a temporary directory, renamed when complete
+  local set=$1 seed=$2 n=$3; shift 3
+  [ -d "$out/data/$set" ] && return
+  rm -rf "$out/data/$set.tmp"
+  # shellcheck disable=SC2086
+  "$build/synth/synth" --preset mlperf --out "$out/data/$set.tmp" --samples "$n" --seed "$seed" --quiet $SYNTH_ARGS "$@" >/dev/null
+  mv "$out/data/$set.tmp" "$out/data/$set"
+  echo "   $set: $n universes after $(fmt $(( $(date +%s) - t0 )))"
+}
+gen train 21 "$N_TRAIN"; gen val 22 "$N_VAL"; gen test 23 "$N_TEST"
+# shellcheck disable=SC2086
+gen robust 24 "$N_ROBUST" $ROBUST_ARGS
+
+# ---- 2. sub-cubes: all four channels, the parents' labels, a group id per universe.
+stage "cosmoflow-subcubes into ${SUB_SIDE}^3"
+for set in train val test robust; do
+  [ -d "$out/data/$set-sub" ] && continue
+  rm -rf "$out/data/$set-sub.tmp"
+  "$build/synth/cosmoflow-subcubes" --in "$out/data/$set" --out "$out/data/$set-sub.tmp" --side "$SUB_SIDE" --quiet >/dev/null
+  mv "$out/data/$set-sub.tmp" "$out/data/$set-sub"
+done
+
+# ---- 3. the P(k) baseline on the full cubes: per-redshift spectra and their cross-spectra.
+stage "P(k) baseline (ridge on per-redshift P(k) and cross-spectra of the full ${side}^3 cubes)"
+$py "$here/tools/pk_baseline.py" --train "$out/data/train" --test "$out/data/test" "$out/data/robust" \
+  --out "$out/pk_test.csv" "$out/pk_robust.csv" --cross --workers 2
+
+# ---- 4. training: 2 MPI ranks, the uncertainty study's flags.
+model=$out/run/checkpoints; [ "$MEMBERS" -gt 1 ] && model=$out/run
+if [ "$TRAIN" = 0 ]; then
+  stage "reusing the trained run in $out/run"
+  [ -f "$out/run/ensemble.json" ] && model=$out/run
+  [ -f "$out/run/ensemble.json" ] || [ -f "$out/run/run.json" ] ||
+    { echo "fullres_study.sh: TRAIN=0 but $out/run holds no finished run" >&2; exit 1; }
+else
+  stage "$(basename "$SPEC"), $MEMBERS member(s) x $EPOCHS epochs of $((N_TRAIN * per_universe)) sub-cubes, $PRECISION, 2 ranks x batch $BATCH"
+  root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+  # An interrupted run with the same settings resumes (the trainer continues each member from its
+  # latest checkpoint and skips finished ones); any other run directory is replaced.
+  settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $SUB_SIDE $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED"
+  if [ "$(cat "$out/run/fullres-settings" 2>/dev/null)" = "$settings" ]; then
+    echo "   resuming the run in $out/run (same settings)"
+  else
+    rm -rf "$out/run"; mkdir -p "$out/run"; echo "$settings" > "$out/run/fullres-settings"
+  fi
+  OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
+    --spec "$SPEC" --train "$out/data/train-sub" --val "$out/data/val-sub" --out "$out/run" --epochs "$EPOCHS" \
+    --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 256 \
+    --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient mse \
+    --covariance-gradient head --calibration power
+fi
+
+# ---- 5. every sub-cube through the real server, averaged per universe.
+stage "serving $(( (N_VAL + N_TEST + N_ROBUST) * per_universe )) sub-cubes through cosmoflow-server, averaging per universe"
+rm -f "$out/grpc.port" "$out"/pred_*.csv "$out"/universes_*.csv "$out"/model_info*.json "$out"/real_cubes.*
+"$build/server/cosmoflow-server" --checkpoint "$model" --address 127.0.0.1:0 --metrics-address "" \
+  --port-file "$out/grpc.port" --max-batch 8 --precision "$SERVE_PRECISION" > "$out/server.log" 2>&1 &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do [ -s "$out/grpc.port" ] && break; sleep 0.2; done
+[ -s "$out/grpc.port" ] || { echo "fullres_study.sh: the server never listened: $(tail -3 "$out/server.log")" >&2; exit 1; }
+addr=127.0.0.1:$(cat "$out/grpc.port")
+for set in val test robust; do
+  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/$set-sub" --out "$out/pred_$set.csv"
+done
+# rho (the correlation between one universe's sub-cube errors) is fitted on the validation
+# universes only; the test, robustness and real cubes use that value.
+$py "$here/tools/average_subcubes.py" --pred "$out/pred_test.csv" --data "$out/data/test-sub" \
+  --out "$out/universes_test.csv" --combine "fit:$out/pred_val.csv,$out/data/val-sub"
+rho=$($py -c "import csv,sys; print(next(csv.DictReader(open(sys.argv[1])))['combine'].split('rho=')[1])" "$out/universes_test.csv")
+for set in val robust; do
+  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/$set-sub" \
+    --out "$out/universes_$set.csv" --combine "rho:$rho"
+done
+echo "   rho = $rho (fitted on the $N_VAL validation universes)"
+
+# ---- 6. the real cubes: the served model's checksum goes into the report first.
+stage "the served model's checksum, then the real MLPerf cubes"
+$py "$here/tools/predict_dataset.py" --address "$addr" --info-json "$out/model_info.json"
+"$build/client/cosmoflow-client" --address "$addr" info --json > "$out/model_info_cli.json"
+manifest_sha=none; [ -f "$model/ensemble.json" ] && manifest_sha=$(sha256sum "$model/ensemble.json" | cut -d' ' -f1)
+$py - "$out/model_info.json" "$manifest_sha" "$out/real_cubes.md" <<'PY'
+import json, sys, time
+info, sha, md = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+members = ", ".join(info["member_checkpoints"]) or "one checkpoint"
+with open(md, "w") as f:
+    f.write(f"Served model, recorded {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} before any real cube "
+            f"was imported: version `{info['version']}`, checksum `{info['checksum']}`, {info['ensemble_members']} "
+            f"member(s) ({members}), ensemble.json sha256 `{sha}`.\n")
+PY
+sync "$out/real_cubes.md"
+echo "   served model: $(head -c 300 "$out/real_cubes.md")"
+if ls "$REAL_DIR"/*.tfrecord >/dev/null 2>&1; then
+  rm -rf "$out/data/real" "$out/data/real-sub"
+  "$build/synth/cosmoflow-import" --out "$out/data/real" --quiet "$REAL_DIR"/*.tfrecord >/dev/null
+  "$build/synth/cosmoflow-subcubes" --in "$out/data/real" --out "$out/data/real-sub" --side "$SUB_SIDE" --quiet >/dev/null
+  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/real-sub" --out "$out/pred_real.csv"
+  $py "$here/tools/average_subcubes.py" --pred "$out/pred_real.csv" --data "$out/data/real-sub" \
+    --out "$out/universes_real.csv" --combine "rho:$rho"
+  $py "$here/tools/fullres_report.py" real --universes "$out/universes_real.csv" --md "$out/real_cubes.md" \
+    --json "$out/real_cubes.json"
+else
+  msg="Real cubes skipped: no MLPerf TFRecords in $REAL_DIR."
+  printf '\n%s\n' "$msg" >> "$out/real_cubes.md"
+  echo "   $msg"
+fi
+kill -TERM $pid; wait $pid || true; trap - EXIT
+
+# ---- 7. the report.
+stage "report"
+read -r mean < <($py -c "
+import glob, h5py, numpy as np
+p = np.concatenate([h5py.File(f)['params'][:] for f in sorted(glob.glob('$out/data/train/*.h5'))])
+print(','.join(f'{v:.6f}' for v in p.mean(0)))")
+for set in test robust; do
+  $py "$here/tools/accuracy_report.py" --network "$out/universes_$set.csv" --network-val "$out/universes_val.csv" \
+    --baseline "$out/pk_$set.csv" --train-mean "$mean" --prior "$PRIOR" --trivial-ratio-targets none \
+    --out "$out/$set" > /dev/null
+done
+$py - "$out/study.json" <<PY
+import json, sys
+json.dump({"n_train": $N_TRAIN, "n_val": $N_VAL, "n_test": $N_TEST, "n_robust": $N_ROBUST,
+           "robust_args": "$ROBUST_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "sub_side": $SUB_SIDE,
+           "subcubes_per_universe": $per_universe, "spec": "$(basename "$SPEC")", "members": $MEMBERS,
+           "epochs": $EPOCHS, "batch": $BATCH, "lr": $LR, "precision": "$PRECISION",
+           "serve_precision": "$SERVE_PRECISION", "mse_warmup_epochs": $MSE_WARMUP_EPOCHS, "seed": $SEED,
+           "combine": "rho = $rho", "rho": $rho, "prior": "$PRIOR", "train_mean": "$mean",
+           "manifest_sha256": "$manifest_sha", "estimate_s": $total, "elapsed_s": $(( $(date +%s) - t0 ))},
+          open(sys.argv[1], "w"), indent=1)
+PY
+$py "$here/tools/fullres_report.py" summary --dir "$out" > /dev/null
+echo "fullres study done in $(fmt $(( $(date +%s) - t0 ))) (estimate $(fmt "$total")): $out/report.md"
