@@ -880,6 +880,11 @@ int Trainer::Run() {
   Status setup = Setup();
   if (!setup.ok()) return Fail(setup);
   LogRunDescription();
+  // Collective: every rank sends its host name; rank 0 logs the map (Slurm names a lost host).
+  const std::string rank_hosts = DescribeRankHosts(world_.comm);
+  if (root()) {
+    CF_LOG(INFO) << "ranks by host: " << rank_hosts;
+  }
   watchdog_ = std::make_unique<CollectiveWatchdog>(
       world_.comm, world_.rank,
       std::chrono::milliseconds(int64_t(opt_.watchdog_timeout_s * 1000)));

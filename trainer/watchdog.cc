@@ -1,5 +1,7 @@
 #include "trainer/watchdog.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -52,11 +54,13 @@ void CollectiveWatchdog::Loop() {
     }
     const auto stalled = Clock::now() - last_progress;
     if (stopping_ || stalled < timeout()) continue;
+    char host[64] = {};
+    ::gethostname(host, sizeof host - 1);
     std::fprintf(stderr,
-                 "cosmoflow-train: rank %d: watchdog: no progress for %.0f s in %s at step %lld "
-                 "(a rank is stopped, dead or cut off, or a collective is stuck): aborting the job "
-                 "with exit code %d\n",
-                 rank_, std::chrono::duration<double>(stalled).count(),
+                 "cosmoflow-train: rank %d (%s): watchdog: no progress for %.0f s in %s at step "
+                 "%lld (a rank is stopped, dead or cut off, or a collective is stuck): aborting "
+                 "the job with exit code %d\n",
+                 rank_, host, std::chrono::duration<double>(stalled).count(),
                  phase_.load(std::memory_order_relaxed),
                  static_cast<long long>(step_.load(std::memory_order_relaxed)), kWatchdogExitCode);
     std::fflush(stderr);
