@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -182,7 +183,9 @@ bool HasBatchNorm(const ModelSpec& spec) {
 class Trainer {
  public:
   Trainer(const TrainerOptions& o, const MpiWorld& w, std::string command_line)
-      : opt_(o), world_(w), command_line_(std::move(command_line)) {}
+      : opt_(o), world_(w), command_line_(std::move(command_line)) {
+    jitter_rng_.seed(0x6a09e667f3bcc908ULL ^ (uint64_t(opt_.seed) << 20) ^ uint64_t(world_.rank));
+  }
   int Run();
   // After Run(): the spec, the final checkpoint file and (rank 0) the last validation's posteriors
   // and the training labels' range, for an ensemble of such runs.
@@ -257,6 +260,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradientAllreducer> reducer_;
   std::unique_ptr<CollectiveWatchdog> watchdog_;
+  std::mt19937_64 jitter_rng_;  // --debug-step-jitter: a stream per (seed, rank)
   std::unique_ptr<LrRecipeSchedule> schedule_;
   std::unique_ptr<RunLog> log_;
   std::string ckpt_dir_;
@@ -1024,6 +1028,11 @@ void Trainer::TrainStep(PrefetchLoader& loader, const PrefetchedBatch* batch, do
   samples_seen_ += sampler_->global_batch();
   if (opt_.debug_step_sleep > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(opt_.debug_step_sleep));
+  }
+  if (opt_.debug_step_jitter > 0) {
+    const double s = opt_.debug_step_jitter;
+    std::normal_distribution<double> sleep_s(3 * s, s);
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, sleep_s(jitter_rng_))));
   }
 }
 
