@@ -33,6 +33,7 @@
 #include "trainer/signals.h"
 #include "trainer/train_step.h"
 #include "trainer/uncertainty_run.h"
+#include "trainer/peer_probe.h"
 #include "trainer/watchdog.h"
 
 #ifndef COSMOFLOW_GIT_REV
@@ -259,6 +260,7 @@ class Trainer {
   std::unique_ptr<Network> net_, val_net_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradientAllreducer> reducer_;
+  std::unique_ptr<PeerProbe> peer_probe_;  // before watchdog_: the watchdog's thread uses it
   std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::mt19937_64 jitter_rng_;  // --debug-step-jitter: a stream per (seed, rank)
   std::unique_ptr<LrRecipeSchedule> schedule_;
@@ -889,9 +891,10 @@ int Trainer::Run() {
   if (root()) {
     CF_LOG(INFO) << "ranks by host: " << rank_hosts;
   }
+  peer_probe_ = PeerProbe::Create(world_.comm);  // collective
   watchdog_ = std::make_unique<CollectiveWatchdog>(
-      world_.comm, world_.rank,
-      std::chrono::milliseconds(int64_t(opt_.watchdog_timeout_s * 1000)));
+      world_.comm, world_.rank, std::chrono::milliseconds(int64_t(opt_.watchdog_timeout_s * 1000)),
+      [probe = peer_probe_.get()] { return probe->Describe(std::chrono::seconds(2)); });
 
   PrefetchLoader loader(train_source_.get(), TrainingPlan(), TrainingLoaderConfig());
   const size_t outputs = spec_.NetworkOutputs();

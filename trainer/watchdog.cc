@@ -8,8 +8,9 @@
 
 namespace cosmoflow {
 
-CollectiveWatchdog::CollectiveWatchdog(MPI_Comm comm, int rank, std::chrono::milliseconds floor)
-    : comm_(comm), rank_(rank), floor_(floor) {
+CollectiveWatchdog::CollectiveWatchdog(MPI_Comm comm, int rank, std::chrono::milliseconds floor,
+                                       std::function<std::string()> diagnose)
+    : comm_(comm), rank_(rank), floor_(floor), diagnose_(std::move(diagnose)) {
   if (floor_.count() > 0) thread_ = std::thread([this] { Loop(); });
 }
 
@@ -64,6 +65,11 @@ void CollectiveWatchdog::Loop() {
                  phase_.load(std::memory_order_relaxed),
                  static_cast<long long>(step_.load(std::memory_order_relaxed)), kWatchdogExitCode);
     std::fflush(stderr);
+    if (diagnose_) {
+      std::fprintf(stderr, "cosmoflow-train: rank %d (%s): watchdog: %s\n", rank_, host,
+                   diagnose_().c_str());
+      std::fflush(stderr);
+    }
     MPI_Abort(comm_, kWatchdogExitCode);
     std::_Exit(kWatchdogExitCode);  // MPI_Abort does not return; if it ever did, still stop
   }

@@ -11,7 +11,8 @@
 #      the batch script requeues, the job resumes from that checkpoint and completes.
 #   c. kill -9 of the rank on host 2: the job fails within 60 s, srun names the task (rank); the
 #      resubmitted job resumes from the last checkpoint.
-#   d. the cable of host 2 cut, trainer watchdog at 8 s: rank 0 aborts the job with 76 (timed).
+#   d. the cable of host 2 cut, trainer watchdog at 8 s: rank 0 names rank 1 on cfn2 as unreachable
+#      (its TCP probe) and aborts the job with 76 (timed).
 #   e. the cable of host 2 cut, watchdog long: Slurm declares the node failed within 60 s, naming it
 #      (the trainer's "ranks by host" line gives its rank), requeues the job, and once the cable is
 #      back it resumes from the last checkpoint.
@@ -217,13 +218,15 @@ t0=$(now)
 wait_line "$out" "rank 0 \(cfn1\): watchdog: no progress" 30 || fail "rank 0's watchdog did not fire within 30 s of the cut"
 t_watchdog=$(since "$t0")
 wait_line "$out" "trainer exited with 76" 60 || fail "the step did not end with the watchdog's 76"
+grep -q "watchdog: probe from rank 0: rank 1 (cfn2) no answer: unreachable" "$out" \
+  || fail "rank 0's watchdog did not name rank 1 on cfn2 as unreachable"
 t_exit=$(since "$t0")
 awk -v t="$t_watchdog" 'BEGIN {exit !(t >= 7 && t < 15)}' || fail "watchdog fired after $t_watchdog s (timeout 8 s)"
 awk -v t="$t_exit" 'BEGIN {exit !(t < 60)}' || fail "the batch script saw the exit only after $t_exit s"
 state=$(wait_state "$jid" "FAILED|COMPLETED|CANCELLED|NODE_FAIL" 90) || fail "job $jid still $state"
 [ "$state" = FAILED ] || fail "job $jid ended $state (expected FAILED with 76, not requeued)"
 restore_host2
-echo "ok d - cable of cfn2 cut at step >= 8: rank 0's watchdog fired after $t_watchdog s, the batch script got 76 after $t_exit s, job $jid FAILED"
+echo "ok d - cable of cfn2 cut at step >= 8: rank 0's watchdog fired after $t_watchdog s naming rank 1 (cfn2) unreachable, the batch script got 76 after $t_exit s, job $jid FAILED"
 
 # ---- e. cable of host 2 cut, Slurm detects the node failure, requeues, the job resumes
 run="$work/run-cut"
