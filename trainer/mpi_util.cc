@@ -1,6 +1,9 @@
 #include "trainer/mpi_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <sstream>
 
 namespace cosmoflow {
 
@@ -60,6 +63,41 @@ bool SameOnAllRanks(uint32_t checksum, MPI_Comm comm) {
   int same = (r[0] == v[0] && r[1] == v[1]) ? 1 : 0, all_same = 0;
   MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, comm);
   return all_same != 0;
+}
+
+namespace {
+
+// "0-3" or "5" for the ranks first..last.
+std::string RankRange(int first, int last) {
+  return first == last ? std::to_string(first) : std::to_string(first) + "-" + std::to_string(last);
+}
+
+}  // namespace
+
+std::string DescribeRankHosts(MPI_Comm comm, int max_hosts) {
+  constexpr int kNameLen = 64;
+  char name[kNameLen] = {};
+  ::gethostname(name, kNameLen - 1);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::vector<char> all(rank == 0 ? size_t(size) * kNameLen : 0);
+  MPI_Gather(name, kNameLen, MPI_CHAR, all.data(), kNameLen, MPI_CHAR, 0, comm);
+  if (rank != 0) return "";
+  // Ranks of one host are usually contiguous (srun's block distribution); each run of ranks on
+  // one host is one entry.
+  std::ostringstream os;
+  int entries = 0, first = 0;
+  for (int r = 1; r <= size; ++r) {
+    const char* host = &all[size_t(first) * kNameLen];
+    if (r < size && std::string(&all[size_t(r) * kNameLen]) == host) continue;
+    if (entries < max_hosts)
+      os << (entries ? ", " : "") << host << " [" << RankRange(first, r - 1) << "]";
+    ++entries;
+    first = r;
+  }
+  if (entries > max_hosts) os << " ... (" << entries << " runs of ranks in all)";
+  return os.str();
 }
 
 std::vector<float> GatherToRoot(const std::vector<float>& local, MPI_Comm comm) {

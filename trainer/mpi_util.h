@@ -43,6 +43,11 @@ std::function<void(double* data, int n)> BatchStatisticsAllreduce(MPI_Comm comm)
 // True iff `checksum` is identical on every rank (weights stay in sync: the debug-mode check).
 bool SameOnAllRanks(uint32_t checksum, MPI_Comm comm);
 
+// Which ranks run on which host, for rank 0's log, e.g. "cfn1 [0-3], cfn2 [4-7]": when a host is
+// lost, Slurm names the host and this line names its ranks. Hosts after the first `max_hosts` are
+// counted, not listed. Other ranks get an empty string.
+std::string DescribeRankHosts(MPI_Comm comm, int max_hosts = 64);
+
 // Gathers variable-length float arrays on rank 0 in rank order (others get an empty vector).
 std::vector<float> GatherToRoot(const std::vector<float>& local, MPI_Comm comm);
 

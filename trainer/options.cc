@@ -99,6 +99,8 @@ const FlagInfo kFlags[] = {
      false},
     {"debug-die-rank", "test hook: which rank dies [-1]", false},
     {"debug-step-sleep", "test hook: seconds to sleep each step [0]", false},
+    {"debug-step-jitter",
+     "benchmark hook: each rank also sleeps N(3 S, S) seconds per step, independently [0]", false},
     {"help", "print this help", true},
 };
 
@@ -272,6 +274,8 @@ std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, cons
     o.debug_die_rank = static_cast<int>(x);
   } else if (k == "debug-step-sleep") {
     CF_ASSIGN_OR_RETURN(o.debug_step_sleep, ToDouble(k, v, 0, 3600));
+  } else if (k == "debug-step-jitter") {
+    CF_ASSIGN_OR_RETURN(o.debug_step_jitter, ToDouble(k, v, 0, 600));
   } else if (k == "watchdog-timeout-s") {
     CF_ASSIGN_OR_RETURN(o.watchdog_timeout_s, ToDouble(k, v, 0, 1e7));
   } else {

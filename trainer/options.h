@@ -66,6 +66,9 @@ struct TrainerOptions {
   int64_t debug_die_at_step = -1;
   int debug_die_rank = -1;
   double debug_step_sleep = 0;  // seconds slept per step (lets tests signal a running job)
+  // Benchmark hook: each rank also sleeps N(3 s, s) seconds per step (truncated at 0), drawn
+  // independently per rank and step, to measure the straggler cost of step-time jitter.
+  double debug_step_jitter = 0;
 };
 
 // Parses argv (argv[0] is skipped). `help` is set when --help was given.

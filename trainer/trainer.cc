@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -32,6 +33,7 @@
 #include "trainer/signals.h"
 #include "trainer/train_step.h"
 #include "trainer/uncertainty_run.h"
+#include "trainer/peer_probe.h"
 #include "trainer/watchdog.h"
 
 #ifndef COSMOFLOW_GIT_REV
@@ -182,7 +184,9 @@ bool HasBatchNorm(const ModelSpec& spec) {
 class Trainer {
  public:
   Trainer(const TrainerOptions& o, const MpiWorld& w, std::string command_line)
-      : opt_(o), world_(w), command_line_(std::move(command_line)) {}
+      : opt_(o), world_(w), command_line_(std::move(command_line)) {
+    jitter_rng_.seed(0x6a09e667f3bcc908ULL ^ (uint64_t(opt_.seed) << 20) ^ uint64_t(world_.rank));
+  }
   int Run();
   // After Run(): the spec, the final checkpoint file and (rank 0) the last validation's posteriors
   // and the training labels' range, for an ensemble of such runs.
@@ -256,7 +260,9 @@ class Trainer {
   std::unique_ptr<Network> net_, val_net_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradientAllreducer> reducer_;
+  std::unique_ptr<PeerProbe> peer_probe_;  // before watchdog_: the watchdog's thread uses it
   std::unique_ptr<CollectiveWatchdog> watchdog_;
+  std::mt19937_64 jitter_rng_;  // --debug-step-jitter: a stream per (seed, rank)
   std::unique_ptr<LrRecipeSchedule> schedule_;
   std::unique_ptr<RunLog> log_;
   std::string ckpt_dir_;
@@ -880,9 +886,15 @@ int Trainer::Run() {
   Status setup = Setup();
   if (!setup.ok()) return Fail(setup);
   LogRunDescription();
+  // Collective: every rank sends its host name; rank 0 logs the map (Slurm names a lost host).
+  const std::string rank_hosts = DescribeRankHosts(world_.comm);
+  if (root()) {
+    CF_LOG(INFO) << "ranks by host: " << rank_hosts;
+  }
+  peer_probe_ = PeerProbe::Create(world_.comm);  // collective
   watchdog_ = std::make_unique<CollectiveWatchdog>(
-      world_.comm, world_.rank,
-      std::chrono::milliseconds(int64_t(opt_.watchdog_timeout_s * 1000)));
+      world_.comm, world_.rank, std::chrono::milliseconds(int64_t(opt_.watchdog_timeout_s * 1000)),
+      [probe = peer_probe_.get()] { return probe->Describe(std::chrono::seconds(2)); });
 
   PrefetchLoader loader(train_source_.get(), TrainingPlan(), TrainingLoaderConfig());
   const size_t outputs = spec_.NetworkOutputs();
@@ -1020,6 +1032,11 @@ void Trainer::TrainStep(PrefetchLoader& loader, const PrefetchedBatch* batch, do
   samples_seen_ += sampler_->global_batch();
   if (opt_.debug_step_sleep > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(opt_.debug_step_sleep));
+  }
+  if (opt_.debug_step_jitter > 0) {
+    const double s = opt_.debug_step_jitter;
+    std::normal_distribution<double> sleep_s(3 * s, s);
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, sleep_s(jitter_rng_))));
   }
 }
 

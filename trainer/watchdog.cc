@@ -1,13 +1,16 @@
 #include "trainer/watchdog.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 namespace cosmoflow {
 
-CollectiveWatchdog::CollectiveWatchdog(MPI_Comm comm, int rank, std::chrono::milliseconds floor)
-    : comm_(comm), rank_(rank), floor_(floor) {
+CollectiveWatchdog::CollectiveWatchdog(MPI_Comm comm, int rank, std::chrono::milliseconds floor,
+                                       std::function<std::string()> diagnose)
+    : comm_(comm), rank_(rank), floor_(floor), diagnose_(std::move(diagnose)) {
   if (floor_.count() > 0) thread_ = std::thread([this] { Loop(); });
 }
 
@@ -52,14 +55,21 @@ void CollectiveWatchdog::Loop() {
     }
     const auto stalled = Clock::now() - last_progress;
     if (stopping_ || stalled < timeout()) continue;
+    char host[64] = {};
+    ::gethostname(host, sizeof host - 1);
     std::fprintf(stderr,
-                 "cosmoflow-train: rank %d: watchdog: no progress for %.0f s in %s at step %lld "
-                 "(a rank is stopped, dead or cut off, or a collective is stuck): aborting the job "
-                 "with exit code %d\n",
-                 rank_, std::chrono::duration<double>(stalled).count(),
+                 "cosmoflow-train: rank %d (%s): watchdog: no progress for %.0f s in %s at step "
+                 "%lld (a rank is stopped, dead or cut off, or a collective is stuck): aborting "
+                 "the job with exit code %d\n",
+                 rank_, host, std::chrono::duration<double>(stalled).count(),
                  phase_.load(std::memory_order_relaxed),
                  static_cast<long long>(step_.load(std::memory_order_relaxed)), kWatchdogExitCode);
     std::fflush(stderr);
+    if (diagnose_) {
+      std::fprintf(stderr, "cosmoflow-train: rank %d (%s): watchdog: %s\n", rank_, host,
+                   diagnose_().c_str());
+      std::fflush(stderr);
+    }
     MPI_Abort(comm_, kWatchdogExitCode);
     std::_Exit(kWatchdogExitCode);  // MPI_Abort does not return; if it ever did, still stop
   }

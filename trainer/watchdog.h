@@ -17,7 +17,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace cosmoflow {
@@ -26,7 +28,10 @@ inline constexpr int kWatchdogExitCode = 76;
 
 class CollectiveWatchdog {
  public:
-  CollectiveWatchdog(MPI_Comm comm, int rank, std::chrono::milliseconds floor);
+  // `diagnose`, if given, runs on the watchdog's thread when it fires (no MPI calls: the training
+  // thread may sit in one) and its line is logged before the abort, e.g. PeerProbe::Describe.
+  CollectiveWatchdog(MPI_Comm comm, int rank, std::chrono::milliseconds floor,
+                     std::function<std::string()> diagnose = nullptr);
   ~CollectiveWatchdog();  // stops the thread
   CollectiveWatchdog(const CollectiveWatchdog&) = delete;
   CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
@@ -44,6 +49,7 @@ class CollectiveWatchdog {
   const MPI_Comm comm_;
   const int rank_;
   const std::chrono::milliseconds floor_;
+  const std::function<std::string()> diagnose_;
   std::atomic<int64_t> beats_{0};
   std::atomic<int64_t> step_{0};
   std::atomic<const char*> phase_{"start-up"};
