@@ -1,7 +1,7 @@
 // Fuzz target: the checkpoint reader above HDF5. libhdf5 itself is known to crash on crafted
 // files, so the target does not feed it raw bytes; it writes real HDF5 checkpoints whose contents
 // the input chooses (tensors dropped, renamed, duplicated or reshaped; spec layer sizes changed;
-// calibration factors and prior ranges of any double, including NaN and negatives; odd state and
+// calibration factors, exponents, references and prior ranges of any double, including NaN and negatives; odd state and
 // optimizer names) and reads them back. Properties: no crash or sanitizer report; a checkpoint the
 // reader accepts round-trips (the same tensors, state and calibration) and loading it into a
 // network built from its spec either works or fails with a status.
@@ -72,6 +72,11 @@ Checkpoint Mutate(fuzz::Input& in) {
     for (int i = in.Byte() % 4; i > 0; --i) c.calibration.sigma_scale.push_back(in.Double());
     if (in.Byte() & 1)
       for (int i = in.Byte() % 4; i > 0; --i) {
+        c.calibration.sigma_exponent.push_back(in.Double());
+        c.calibration.sigma_reference.push_back(in.Double());
+      }
+    if (in.Byte() & 1)
+      for (int i = in.Byte() % 4; i > 0; --i) {
         c.calibration.prior_low.push_back(in.Double());
         c.calibration.prior_high.push_back(in.Double());
       }
@@ -102,6 +107,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(SameTensors(read->optimizer_state, written.optimizer_state));
   FUZZ_CHECK(read->state.step == written.state.step && read->state.optimizer == written.state.optimizer);
   for (double f : read->calibration.sigma_scale) FUZZ_CHECK(std::isfinite(f) && f > 0);
+  for (double b : read->calibration.sigma_exponent) FUZZ_CHECK(b >= 0 && b <= 4);
+  for (double r : read->calibration.sigma_reference) FUZZ_CHECK(std::isfinite(r) && r > 0);
   NetworkOptions options;
   options.batch = 1;
   auto net = Network::Create(read->spec, options);

@@ -9,6 +9,8 @@
   fuzz_spec        the spec files in tools/specs/
   fuzz_flags       command lines, NUL-separated
   fuzz_checkpoint  a few byte strings (its input chooses mutations of a valid checkpoint)
+  fuzz_dataset     byte strings that make valid shards (fuzz/dataset_fuzz.cc reads its input as
+                   the choices of the shard it writes), and a few that do not
 
     make_seeds.py OUT [--real ../shared/data/mlperf-cosmoflow]
 """
@@ -112,6 +114,30 @@ def validate_seeds(out):
     write(out, "fuzz_validate", "last", pb.PredictRequest(cube=last).SerializeToString())
 
 
+def dataset_seeds(out):
+    """Inputs in the order dataset_fuzz.cc consumes them: valid shards of N cubes, one channel
+    per redshift, side S, three float32 parameters; then two byte strings that are not."""
+    def double(v):  # Input::Double: two big-endian 32-bit halves of the IEEE bits
+        return struct.pack(">d", v)
+
+    def shard(n, channels, side, samples):
+        b = bytes([1, 1, 1, 1, 1, 1, 1, 1, 1, channels]) + b"".join(double(z) for z in (0.0, 0.5, 1.5, 3.0)[:channels])
+        b += bytes([1]) + double(8.0) + bytes([1, 5]) + b"synth"
+        b += bytes([1, 1]) if samples else bytes([0])  # sample_fields: box_size_mpc_h, group
+        b += bytes([1, 5, n, channels, side, side, side, 0, 1]) + bytes(range(256))[: n * channels * side ** 3 * 2]
+        b += bytes([1, 2, n, 3, 1, 0]) + struct.pack("<3f", 0.3, 0.8, 0.96) * n
+        b += bytes([0])  # no params_unit
+        if samples:
+            b += bytes([1]) + bytes([1, 1, n, 4, 0]) + double(8.0) * n + bytes([1, 1, n, 4, 0]) + bytes(8 * n)
+        else:
+            b += bytes([0])
+        return b
+
+    for i, seed in enumerate([shard(2, 1, 2, False), shard(1, 4, 2, False), shard(3, 2, 2, True),
+                              b"\x00" * 16, bytes(range(200))]):
+        write(out, "fuzz_dataset", f"shard{i}", seed)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -128,6 +154,7 @@ def main():
         write(args.out, "fuzz_flags", f"argv{i}", b"\0".join(a.encode() for a in argv))
     for i, seed in enumerate([b"", b"\x01\x02\x03\x04" * 8, bytes(range(64))]):
         write(args.out, "fuzz_checkpoint", f"ops{i}", seed)
+    dataset_seeds(args.out)
     return 0
 
 

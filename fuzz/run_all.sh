@@ -10,7 +10,7 @@ out=$(realpath -m "${2:?usage: run_all.sh BUILD_DIR OUT [SECONDS] [TARGETS...]}"
 seconds=${3:-20}
 shift $(( $# < 3 ? $# : 3 ))
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(fuzz_validate fuzz_tfrecord fuzz_npy fuzz_spec fuzz_flags fuzz_checkpoint)
+[ ${#targets[@]} -eq 0 ] && targets=(fuzz_validate fuzz_tfrecord fuzz_npy fuzz_spec fuzz_flags fuzz_checkpoint fuzz_dataset)
 real=$here/../../shared/data/mlperf-cosmoflow
 [ -d "$real" ] || real=""
 mkdir -p "$out/seeds"
