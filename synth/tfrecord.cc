@@ -128,7 +128,8 @@ Status ParseFloatList(std::string_view data, std::vector<float>* out) {
         return r.Error("packed floats of " + std::to_string(packed.size()) + " bytes");
       const size_t old = out->size();
       out->resize(old + packed.size() / 4);
-      std::memcpy(out->data() + old, packed.data(), packed.size());
+      // An empty packed list leaves out->data() null: memcpy must not see it.
+      if (!packed.empty()) std::memcpy(out->data() + old, packed.data(), packed.size());
     } else if (wt == 5) {
       uint32_t bits = 0;
       CF_RETURN_IF_ERROR(r.Fixed32(&bits));

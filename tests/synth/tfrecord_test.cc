@@ -229,6 +229,21 @@ TEST(TfRecordTest, BadExamplesAreErrorsNotCrashes) {
   }
 }
 
+// Found by fuzz_tfrecord (UBSan: memcpy from a null vector): a float feature whose packed list is
+// empty is an empty list, not an error.
+TEST(TfRecordTest, EmptyPackedFloatListIsAnEmptyList) {
+  const std::string float_list = EncodeLengthDelimited(1, "");  // FloatList { packed value: [] }
+  const std::string feature = EncodeLengthDelimited(2, float_list);
+  const std::string entry = EncodeLengthDelimited(1, "y") + EncodeLengthDelimited(2, feature);
+  const std::string example = EncodeLengthDelimited(1, EncodeLengthDelimited(1, entry));
+  auto features = ParseExample(example);
+  ASSERT_TRUE(features.ok()) << features.status().ToString();
+  ASSERT_EQ(features->count("y"), 1u);
+  EXPECT_EQ(features->at("y").kind, ExampleFeature::Kind::kFloat);
+  EXPECT_TRUE(features->at("y").floats.empty());
+}
+
 }  // namespace
 }  // namespace synth
+
 }  // namespace cosmoflow
