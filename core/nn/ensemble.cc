@@ -93,14 +93,14 @@ StatusOr<EnsembleManifest> ReadEnsembleManifest(const std::string& path) {
 Status WriteEnsembleManifest(const std::string& path, const EnsembleManifest& manifest) {
   nlohmann::ordered_json j;
   j["format"] = kFormatName;
+  nlohmann::ordered_json calibration;
+  if (!manifest.calibration_json.empty()) calibration = nlohmann::ordered_json::parse(manifest.calibration_json);
   // The oldest version that holds the calibration (see ensemble.h).
-  const bool power = manifest.calibration_json.find("\"sigma_exponent\"") != std::string::npos;
-  j["format_version"] = power ? 2 : 1;
+  j["format_version"] = calibration.contains("sigma_exponent") ? 2 : 1;
   j["members"] = nlohmann::ordered_json::array();
   for (const auto& m : manifest.members)
     j["members"].push_back({{"checkpoint", m.checkpoint}, {"checksum", m.checksum}});
-  if (!manifest.calibration_json.empty())
-    j["calibration"] = nlohmann::ordered_json::parse(manifest.calibration_json);
+  if (!calibration.is_null()) j["calibration"] = calibration;
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
