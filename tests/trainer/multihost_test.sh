@@ -37,6 +37,11 @@ ip netns delete "$probe"
 
 work=$(mktemp -d /var/tmp/cf-multihost-XXXXXX)  # not /tmp: every test host mounts its own /tmp
 chmod 755 "$work"
+# The hosts see their own /tmp: a checkout or build under /tmp is invisible to them, so the
+# trainer and the deploy scripts run from copies in the shared work directory.
+mkdir -p "$work/bin" "$work/deploy"
+cp "$train_bin" "$work/bin/" && train_bin="$work/bin/$(basename "$train_bin")"
+cp "$deploy"/*.sh "$deploy"/*.sbatch "$work/deploy/" && deploy="$work/deploy"
 cl="$work/cluster"
 cluster="$deploy/netns-cluster.sh"
 cleanup() {
