@@ -150,7 +150,9 @@ def calibration_markdown(title, c, factors=None):
     lines = [f"### {title}", ""]
     if factors is not None:
         lines += ["Sigma recalibrated on the validation set (sigma -> s r (sigma / r)^b): " +
-                  ", ".join(f"{n} s {f['scale']:.3f}, b {f['exponent']:.2f}" for n, f in factors.items()), ""]
+                  ", ".join(f"{n} s {f['scale']:.3f}, b {f['exponent']:.2f}" for n, f in factors.items() if n != "joint")
+                  + (f"; joint ({', '.join(factors['joint']['params'])}) covariance x {factors['joint']['factor']:.3f}"
+                     " (in the factors)" if "joint" in factors else ""), ""]
     lines += ["| parameter | 68.3% | 95.4% | 68.3% by true tercile | 68.3% by sigma tercile | 95.4% by true tercile | "
               "95.4% by sigma tercile | z mean | z std | mean sigma | RMS error | sigma / RMS | NLL | NLL, constant sigma |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -213,10 +215,15 @@ def uncertainty_reports(args, names, true, prior, posteriors):
             vsigma = np.sqrt(np.diagonal(vcov, axis1=1, axis2=2))
             fits = [cal.fit_sigma_power(vtrue[:, j], vmean[:, j], vsigma[:, j], *prior[j]) for j in range(len(names))]
             s, b, r = (np.array(v) for v in zip(*fits))
+            vf = cal.power_factors(vsigma, s, b, r)
+            block, k = cal.fit_joint_factor(vtrue, vmean, vcov * vf[:, :, None] * vf[:, None, :], prior)
+            s[block] *= np.sqrt(k)
             f = cal.power_factors(np.sqrt(np.diagonal(cov, axis1=1, axis2=2)), s, b, r)
             cov = cov * f[:, :, None] * f[:, None, :]
             factors[key] = {n: {"scale": float(s[j]), "exponent": float(b[j]), "reference": float(r[j])}
                             for j, n in enumerate(names)}
+            if block:
+                factors[key]["joint"] = {"params": [names[j] for j in block], "factor": k}
         reports[key] = calibration(names, true, mean, cov, prior, vtrue, vmean)
         reports[key]["mean"], reports[key]["cov"] = mean, cov  # for the plots, dropped from the JSON
         lines += calibration_markdown(title, reports[key], factors.get(key))

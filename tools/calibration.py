@@ -120,6 +120,26 @@ def power_factors(sigma, s, b, r):
     return np.asarray(s) * (np.asarray(sigma) / np.asarray(r)) ** (np.asarray(b) - 1.0)
 
 
+JOINT_PRIOR_FRACTION = 0.1  # core/nn/uncertainty.h's kJointPriorFraction
+
+
+def fit_joint_factor(truth, mean, cov, prior):
+    """The joint step of core/nn/uncertainty.cc's power calibration (FitJointFactor): the block is
+    the parameters whose mean sigma is below JOINT_PRIOR_FRACTION of their prior's width (prior:
+    (low, high) per parameter, infinite = none); its covariance factor k = mean(d^2) / q maximises
+    the block's Gaussian likelihood. Returns (block indices, k); ([], 1.0) below two parameters."""
+    truth, mean, cov = (np.asarray(x, dtype=float) for x in (truth, mean, cov))
+    sigma = np.sqrt(np.diagonal(cov, axis1=1, axis2=2))
+    block = [j for j, (low, high) in enumerate(prior)
+             if not math.isfinite(high - low) or sigma[:, j].mean() < JOINT_PRIOR_FRACTION * (high - low)]
+    if len(block) < 2:
+        return [], 1.0
+    r = (truth - mean)[:, block]
+    sub = cov[:, block][:, :, block]
+    d2 = np.einsum("ni,nij,nj->n", r, np.linalg.inv(sub), r)
+    return block, float(d2.mean() / len(block))
+
+
 def ellipse_coverage(truth, mean, cov, level):
     """Fraction of truth vectors inside the `level` region of N(mean, cov) (any dimension d):
     Mahalanobis distance^2 below the chi-square quantile, -2 ln(1 - level) for d = 2."""

@@ -737,8 +737,9 @@ void Trainer::FitValidationCalibration(const ValidationPosteriors& v) {
     }
   }
   if (spec_.uncertainty == UncertaintyHead::kNone) return;
+  JointFit joint;
   auto fitted = FitCalibration(spec_, v.truth, v.mean, v.cov, prior_low_, prior_high_,
-                               *ParseCalibrationForm(opt_.calibration));
+                               *ParseCalibrationForm(opt_.calibration), &joint);
   if (!fitted.ok()) {
     CF_LOG(WARNING) << "no calibration for this checkpoint: " << fitted.status().message();
     calibration_ = {};
@@ -746,7 +747,7 @@ void Trainer::FitValidationCalibration(const ValidationPosteriors& v) {
   }
   calibration_ = *fitted;
   CF_LOG(INFO) << "calibration on " << calibration_.samples << " validation cubes: "
-               << DescribeCalibration(calibration_, spec_);
+               << DescribeCalibration(calibration_, spec_, &joint);
 }
 
 void Trainer::LogValidation(const ValResult& val) {
@@ -1152,12 +1153,13 @@ Status FinishEnsemble(const TrainerOptions& o, const std::vector<MemberResult>& 
     std::vector<ValidationPosteriors> posteriors;
     for (const MemberResult& m : members) posteriors.push_back(m.posteriors);
     CF_ASSIGN_OR_RETURN(ValidationPosteriors mixture, CombineMembers(spec, posteriors));
+    JointFit joint;
     auto fitted = FitCalibration(spec, mixture.truth, mixture.mean, mixture.cov, members[0].prior_low,
-                                 members[0].prior_high, *ParseCalibrationForm(o.calibration));
+                                 members[0].prior_high, *ParseCalibrationForm(o.calibration), &joint);
     if (fitted.ok()) {
       calibration = *fitted;
       CF_LOG(INFO) << "ensemble calibration on " << calibration.samples << " validation cubes: "
-                   << DescribeCalibration(calibration, spec);
+                   << DescribeCalibration(calibration, spec, &joint);
     } else {
       CF_LOG(WARNING) << "the ensemble gets no calibration: " << fitted.status().message();
     }

@@ -54,12 +54,19 @@ ValidationPosteriors DecodeValidationRows(const ModelSpec& spec, const std::vect
   return v;
 }
 
-std::string DescribeCalibration(const Calibration& c, const ModelSpec& spec) {
+std::string DescribeCalibration(const Calibration& c, const ModelSpec& spec,
+                                const JointFit* joint) {
   std::ostringstream os;
   os << "sigma x";
   for (size_t o = 0; o < spec.outputs.size() && o < c.sigma_scale.size(); ++o) {
     os << (o ? ", " : " ") << spec.outputs[o].name << " " << c.sigma_scale[o];
     if (c.has_exponent()) os << " (exponent " << c.sigma_exponent[o] << ")";
+  }
+  if (joint && !joint->outputs.empty()) {
+    os << "; joint (";
+    for (size_t k = 0; k < joint->outputs.size(); ++k)
+      os << (k ? ", " : "") << spec.outputs[size_t(joint->outputs[k])].name;
+    os << "): covariance x " << joint->factor << " (in the factors above)";
   }
   return os.str();
 }

@@ -44,7 +44,10 @@ struct ValidationPosteriors {
 ValidationPosteriors DecodeValidationRows(const ModelSpec& spec, const std::vector<float>& rows);
 
 // One line for the log: "sigma x Omega_M 1.04 (exponent 0.81), sigma_8 0.97 (exponent 0.9), ...".
-std::string DescribeCalibration(const Calibration& c, const ModelSpec& spec);
+// With the joint step of a power calibration (`joint`, if any and not empty), it ends with
+// "; joint (Omega_M, sigma_8): covariance x 0.96 (in the factors above)".
+std::string DescribeCalibration(const Calibration& c, const ModelSpec& spec,
+                                const JointFit* joint = nullptr);
 
 // val_predictions.csv: index, true_<p>..., pred_<p>..., and with an uncertainty
 // sigma_<p>... (calibrated with `calibration`, physical units).

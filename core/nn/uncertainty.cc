@@ -380,21 +380,131 @@ StatusOr<PowerFit> FitSigmaPower(const double* truth, const double* mean, const 
   return best;
 }
 
+namespace {
+
+// Output o's prior range in normalised units ([-inf, inf] without a prior).
+void NormalisedPrior(const ModelSpec& spec, const std::vector<double>& prior_low,
+                     const std::vector<double>& prior_high, int o, double* low, double* high) {
+  *low = -std::numeric_limits<double>::infinity(), *high = -*low;
+  if (prior_low.empty()) return;
+  const OutputSpec& out = spec.outputs[o];
+  const double a = (prior_low[o] - out.offset) / out.scale,
+               b = (prior_high[o] - out.offset) / out.scale;
+  *low = std::min(a, b), *high = std::max(a, b);
+}
+
+// d^2 = e^T C^-1 e for a q x q symmetric C (row-major), by Cholesky; false if C is not positive
+// definite.
+bool Mahalanobis2(int q, std::vector<double> c, const double* e, double* d2) {
+  for (int j = 0; j < q; ++j) {
+    for (int k = 0; k < j; ++k) c[j * q + j] -= c[j * q + k] * c[j * q + k];
+    if (!(c[j * q + j] > 0)) return false;
+    c[j * q + j] = std::sqrt(c[j * q + j]);
+    for (int i = j + 1; i < q; ++i) {
+      for (int k = 0; k < j; ++k) c[i * q + j] -= c[i * q + k] * c[j * q + k];
+      c[i * q + j] /= c[j * q + j];
+    }
+  }
+  *d2 = 0;
+  std::vector<double> y(q);  // L y = e
+  for (int i = 0; i < q; ++i) {
+    double v = e[i];
+    for (int k = 0; k < i; ++k) v -= c[i * q + k] * y[k];
+    y[i] = v / c[i * q + i];
+    *d2 += y[i] * y[i];
+  }
+  return true;
+}
+
+// The outputs of the joint block: mean calibrated sigma below kJointPriorFraction of the prior.
+std::vector<int> JointBlock(const ModelSpec& spec, const Calibration& c,
+                            const std::vector<double>& cov, int64_t n) {
+  const int p = static_cast<int>(spec.outputs.size());
+  std::vector<int> block;
+  for (int o = 0; o < p; ++o) {
+    double low, high, sigma_sum = 0;
+    NormalisedPrior(spec, c.prior_low, c.prior_high, o, &low, &high);
+    for (int64_t i = 0; i < n; ++i) {
+      const double s = std::sqrt(std::max(0.0, cov[(i * p + o) * p + o]));
+      sigma_sum += c.Factor(o, s) * s;
+    }
+    if (!std::isfinite(high - low) || sigma_sum / n < kJointPriorFraction * (high - low))
+      block.push_back(o);
+  }
+  return block;
+}
+
+}  // namespace
+
+StatusOr<JointFit> FitJointFactor(const ModelSpec& spec, const Calibration& calibration,
+                                  const std::vector<double>& truth, const std::vector<double>& mean,
+                                  const std::vector<double>& cov) {
+  const int p = static_cast<int>(spec.outputs.size());
+  const int64_t n = static_cast<int64_t>(truth.size()) / p;
+  JointFit fit;
+  if (n <= 0) return InvalidArgumentError("joint calibration: no samples");
+  std::vector<int> block = JointBlock(spec, calibration, cov, n);
+  if (block.size() < 2) return fit;
+  const int q = static_cast<int>(block.size());
+  std::vector<double> full(size_t(p) * p), sub(size_t(q) * q), e(q);
+  double d2_sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(&cov[size_t(i) * p * p], p * p, full.begin());
+    ApplyCalibration(calibration, p, full.data());
+    for (int a = 0; a < q; ++a) {
+      e[a] = truth[i * p + block[a]] - mean[i * p + block[a]];
+      for (int b = 0; b < q; ++b) sub[a * q + b] = full[block[a] * p + block[b]];
+    }
+    double d2;
+    if (!Mahalanobis2(q, sub, e.data(), &d2) || !std::isfinite(d2))
+      return InvalidArgumentError("joint calibration: sample " + std::to_string(i) +
+                                  ": the block's covariance is not positive definite");
+    d2_sum += d2;
+  }
+  fit.factor = d2_sum / double(n) / q;
+  if (!(fit.factor > 0) || !std::isfinite(fit.factor))
+    return InvalidArgumentError("joint calibration: fitted factor " + std::to_string(fit.factor));
+  fit.outputs = std::move(block);
+  return fit;
+}
+
+namespace {
+
+// One output's fit, appended to c.
+Status FitOutput(const std::vector<double>& t, const std::vector<double>& m,
+                 const std::vector<double>& s, double low, double high, CalibrationForm form,
+                 const std::string& what, Calibration* c) {
+  const int64_t n = static_cast<int64_t>(t.size());
+  if (form == CalibrationForm::kScale) {
+    CF_ASSIGN_OR_RETURN(double f, FitSigmaScale(t.data(), m.data(), s.data(), n, low, high, what));
+    c->sigma_scale.push_back(f);
+    return Status::Ok();
+  }
+  CF_ASSIGN_OR_RETURN(PowerFit f, FitSigmaPower(t.data(), m.data(), s.data(), n, low, high, what));
+  c->sigma_scale.push_back(f.scale);
+  c->sigma_exponent.push_back(f.exponent);
+  c->sigma_reference.push_back(f.reference);
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
                                      const std::vector<double>& mean,
                                      const std::vector<double>& cov,
                                      const std::vector<double>& prior_low,
                                      const std::vector<double>& prior_high,
-                                     CalibrationForm form) {
+                                     CalibrationForm form, JointFit* joint) {
   const int p = static_cast<int>(spec.outputs.size());
   const int64_t n = static_cast<int64_t>(truth.size()) / p;
   if (mean.size() != truth.size() || cov.size() != truth.size() * p)
     return InvalidArgumentError("calibration fit: truth, mean and covariance sizes disagree");
-  const bool bounded = !prior_low.empty();
-  if (bounded && (prior_low.size() != size_t(p) || prior_high.size() != size_t(p)))
+  if (!prior_low.empty() && (prior_low.size() != size_t(p) || prior_high.size() != size_t(p)))
     return InvalidArgumentError("calibration fit: the prior needs a range per output");
   Calibration c;
   c.samples = n;
+  c.prior_low = prior_low;
+  c.prior_high = prior_high;
   std::vector<double> t(n), m(n), s(n);
   for (int o = 0; o < p; ++o) {
     for (int64_t i = 0; i < n; ++i) {
@@ -402,26 +512,16 @@ StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<do
       m[i] = mean[i * p + o];
       s[i] = std::sqrt(cov[(i * p + o) * p + o]);
     }
-    double low = -std::numeric_limits<double>::infinity(), high = -low;
-    if (bounded) {
-      const OutputSpec& out = spec.outputs[o];
-      const double a = (prior_low[o] - out.offset) / out.scale,
-                   b = (prior_high[o] - out.offset) / out.scale;
-      low = std::min(a, b), high = std::max(a, b);
-    }
-    const std::string what = "calibration fit of " + spec.outputs[o].name;
-    if (form == CalibrationForm::kScale) {
-      CF_ASSIGN_OR_RETURN(double f, FitSigmaScale(t.data(), m.data(), s.data(), n, low, high, what));
-      c.sigma_scale.push_back(f);
-      continue;
-    }
-    CF_ASSIGN_OR_RETURN(PowerFit f, FitSigmaPower(t.data(), m.data(), s.data(), n, low, high, what));
-    c.sigma_scale.push_back(f.scale);
-    c.sigma_exponent.push_back(f.exponent);
-    c.sigma_reference.push_back(f.reference);
+    double low, high;
+    NormalisedPrior(spec, prior_low, prior_high, o, &low, &high);
+    CF_RETURN_IF_ERROR(
+        FitOutput(t, m, s, low, high, form, "calibration fit of " + spec.outputs[o].name, &c));
   }
-  c.prior_low = prior_low;
-  c.prior_high = prior_high;
+  if (form == CalibrationForm::kPower) {
+    CF_ASSIGN_OR_RETURN(JointFit j, FitJointFactor(spec, c, truth, mean, cov));
+    for (int o : j.outputs) c.sigma_scale[size_t(o)] *= std::sqrt(j.factor);
+    if (joint) *joint = j;
+  }
   CF_RETURN_IF_ERROR(ValidateCalibration(c, spec));
   return c;
 }

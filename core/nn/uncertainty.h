@@ -95,14 +95,34 @@ struct PowerFit {
 StatusOr<PowerFit> FitSigmaPower(const double* truth, const double* mean, const double* sigma,
                                  int64_t n, double low, double high, const std::string& what);
 
+// The joint step of a power calibration. Per-output fits match each marginal; the joint regions
+// (the ellipses of a block of outputs) also depend on the correlations, which they leave alone. The
+// block is the outputs whose calibrated posterior is narrow next to the prior (mean sigma below
+// kJointPriorFraction of the prior's width, or no prior): for them the untruncated Gaussian
+// likelihood is a fair model. The block's calibrated covariances are scaled by the k that
+// maximises its Gaussian likelihood, k = mean(d^2) / q (d^2 the squared Mahalanobis distance of
+// the truth, q the block's size). An empty block and k = 1 when fewer than two outputs qualify.
+inline constexpr double kJointPriorFraction = 0.1;
+struct JointFit {
+  std::vector<int> outputs;  // the block, in output order
+  double factor = 1;         // k, the covariance factor (sigma factor sqrt(k))
+};
+// `calibration` is the per-output fit; inputs as FitCalibration's. Fails on a block covariance that
+// is not positive definite or a k that is not positive and finite (naming the sample).
+StatusOr<JointFit> FitJointFactor(const ModelSpec& spec, const Calibration& calibration,
+                                  const std::vector<double>& truth, const std::vector<double>& mean,
+                                  const std::vector<double>& cov);
+
 // Fits every output's calibration from n samples of normalised truths (n x p), means (n x p) and
 // covariances (n x p x p); prior_low/high per output in physical units (empty = none), kept in the
-// result.
+// result. The power form ends with the joint step (FitJointFactor), folded into the block's
+// sigma_scale; `joint`, if given, receives it.
 StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
                                      const std::vector<double>& mean,
                                      const std::vector<double>& cov,
                                      const std::vector<double>& prior_low,
                                      const std::vector<double>& prior_high,
-                                     CalibrationForm form = CalibrationForm::kScale);
+                                     CalibrationForm form = CalibrationForm::kScale,
+                                     JointFit* joint = nullptr);
 
 }  // namespace cosmoflow

@@ -383,6 +383,62 @@ TEST(CalibrationTest, PowerFitRecoversAnExponent) {
   EXPECT_NEAR(bounded->exponent, 0.5, 0.08);
 }
 
+// The joint step: unit marginals claimed and true, but a correlation of 0.6 claimed between the
+// first two outputs whose errors are independent. The per-output fits leave the marginals alone
+// (factors ~1), and the block's ellipses are then too small: E[d^2] = 2 / (1 - 0.6^2), so the
+// joint factor is 1 / (1 - 0.36) = 1.5625. The third output's prior is only 4 sigma wide: it stays
+// out of the block. Refitting on the calibrated posteriors finds nothing left (factor ~1).
+TEST(CalibrationTest, PowerCalibrationFitsAJointFactorOnTheNarrowOutputs) {
+  ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussianFull);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  const int64_t n = 4000;  // a truncated fit is a search: kept small
+  const double rho = 0.6, half_width[3] = {1000, 1000, 2};
+  std::vector<double> truth(n * 3), mean(n * 3, 0.0), cov(n * 9, 0.0), low(3), high(3);
+  for (int o = 0; o < 3; ++o) {
+    const OutputSpec& out = spec.outputs[o];
+    const double a = out.offset - out.scale * half_width[o], b = out.offset + out.scale * half_width[o];
+    low[o] = std::min(a, b), high[o] = std::max(a, b);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    double* c = &cov[i * 9];
+    c[0] = c[4] = c[8] = 1.0;
+    c[1] = c[3] = rho;
+    truth[i * 3 + 0] = n01(rng);
+    truth[i * 3 + 1] = n01(rng);
+    double z;
+    do z = n01(rng); while (std::abs(z) > half_width[2]);  // inside the third output's prior
+    truth[i * 3 + 2] = z;
+  }
+  // The scale form has no joint step: its factors are the per-output fits alone (~1 here).
+  JointFit none;
+  auto scale = FitCalibration(spec, truth, mean, cov, low, high, CalibrationForm::kScale, &none);
+  ASSERT_TRUE(scale.ok()) << scale.status().ToString();
+  EXPECT_TRUE(none.outputs.empty());
+  for (int o = 0; o < 3; ++o) EXPECT_NEAR(scale->sigma_scale[o], 1.0, 0.05) << o;
+
+  JointFit joint;
+  auto c = FitCalibration(spec, truth, mean, cov, low, high, CalibrationForm::kPower, &joint);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(joint.outputs, (std::vector<int>{0, 1}));
+  // d^2 has a spread about its size: 4000 samples give k to ~2.5% (one standard error).
+  EXPECT_NEAR(joint.factor, 1.0 / (1 - rho * rho), 0.08 * joint.factor);
+  // Every claimed sigma is 1 = the reference, so the power form's per-output factor is the scale
+  // form's; the block's carry sqrt(k) on top, the third output nothing.
+  for (int o = 0; o < 3; ++o)
+    EXPECT_NEAR(c->Factor(o, 1.0), scale->sigma_scale[o] * (o < 2 ? std::sqrt(joint.factor) : 1.0), 1e-4)
+        << o;
+  auto again = FitJointFactor(spec, *c, truth, mean, cov);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_NEAR(again->factor, 1.0, 1e-9);
+
+  // A block covariance that is not positive definite is refused, naming the sample.
+  cov[7 * 9 + 1] = cov[7 * 9 + 3] = 1.5;  // |rho| > 1 in sample 7
+  auto bad = FitJointFactor(spec, *c, truth, mean, cov);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sample 7"), std::string::npos) << bad.status().message();
+}
+
 TEST(CalibrationTest, PowerCalibrationScalesTheCovarianceAndRoundTrips) {
   ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussianFull);
   Calibration c;

@@ -13,6 +13,7 @@ tools/accuracy_report.py):
 Usage: calibration_toy_test.py WORK_DIR
 """
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -157,6 +158,21 @@ def power():
         check(ok == want_ok, f"power toy: {name} coverage by sigma tercile {cov}")
 
 
+def joint():
+    """fit_joint_factor: a claimed correlation of 0.6 over independent unit errors gives
+    k = 1 / (1 - 0.36); a parameter whose sigma is a quarter of its prior stays out of the block."""
+    rng = np.random.default_rng(4)
+    truth = rng.standard_normal((N, 3))
+    cov = np.tile(np.eye(3), (N, 1, 1))
+    cov[:, 0, 1] = cov[:, 1, 0] = 0.6
+    prior = [(-math.inf, math.inf), (-1000.0, 1000.0), (-2.0, 2.0)]
+    block, k = cal.fit_joint_factor(truth, np.zeros((N, 3)), cov, prior)
+    check(block == [0, 1], f"joint toy: block {block}, want [0, 1]")
+    check(abs(k - 1 / 0.64) < 0.05 * k, f"joint toy: factor {k}, want {1 / 0.64}")
+    check(cal.fit_joint_factor(truth, np.zeros((N, 3)), cov, [(-2.0, 2.0)] * 3) == ([], 1.0),
+          "joint toy: no block when every prior is narrow")
+
+
 if __name__ == "__main__":
     work = sys.argv[1]
     shutil.rmtree(work, ignore_errors=True)
@@ -164,5 +180,6 @@ if __name__ == "__main__":
     fits()
     ellipse()
     power()
+    joint()
     report(work)
     print("calibration_toy_test: ok")
