@@ -87,8 +87,9 @@ StatusOr<double> FitSigmaScale(const double* truth, const double* mean, const do
                                int64_t n, double low, double high, const std::string& what);
 
 // A power calibration of one output: r is the geometric mean of the sigmas; b is searched over
-// [0, 2] (a grid, then golden section), each b with its best factor s (FitSigmaScale), keeping the
-// (s, b) of the highest truncated likelihood. Fails as FitSigmaScale does when no b gives a factor.
+// [0, 2] (a grid, then golden section), each b with its best factor s (FitSigmaScale's full search
+// at b = 1; elsewhere, with a prior, a local search from the neighbouring exponent's factor),
+// keeping the (s, b) of the highest truncated likelihood. Fails as FitSigmaScale does at b = 1.
 struct PowerFit {
   double scale = 1, exponent = 1, reference = 1;
 };

@@ -383,6 +383,53 @@ TEST(CalibrationTest, PowerFitRecoversAnExponent) {
   EXPECT_NEAR(bounded->exponent, 0.5, 0.08);
 }
 
+// Mean NLL of truths under N(mean, sigma^2) truncated to [low, high] (a test-side reference).
+double TruncatedNllReference(const std::vector<double>& t, const std::vector<double>& m,
+                             const std::vector<double>& s, double low, double high) {
+  double sum = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const double z = (t[i] - m[i]) / s[i];
+    const double mass = 0.5 * (std::erfc(-(high - m[i]) / s[i] / std::sqrt(2.0)) -
+                               std::erfc(-(low - m[i]) / s[i] / std::sqrt(2.0)));
+    sum += std::log(s[i]) + 0.5 * z * z + std::log(mass);
+  }
+  return sum / double(t.size());
+}
+
+// With a prior, each exponent's factor comes from a local search started at its neighbour's; the
+// result must be as good as a brute force (FitSigmaScale's full search at every grid exponent).
+TEST(CalibrationTest, PowerFitWithAPriorIsAsGoodAsABruteForce) {
+  std::mt19937_64 rng(8);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::uniform_real_distribution<double> logu(std::log(0.05), std::log(1.5)), u(-1.0, 1.0);
+  const int64_t n = 3000;
+  std::vector<double> truth, mean, sigma;
+  while (int64_t(truth.size()) < n) {  // wide sigmas against a prior of [-1, 1]: truncation matters
+    const double sg = std::exp(logu(rng)), m = u(rng), t = m + 0.7 * std::pow(sg, 0.6) * n01(rng);
+    if (t < -1.0 || t > 1.0) continue;
+    truth.push_back(t), mean.push_back(m), sigma.push_back(sg);
+  }
+  auto fit = FitSigmaPower(truth.data(), mean.data(), sigma.data(), n, -1.0, 1.0, "toy");
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  std::vector<double> work(n);
+  auto transformed = [&](double b) {
+    for (int64_t i = 0; i < n; ++i) work[i] = fit->reference * std::pow(sigma[i] / fit->reference, b);
+    return work;
+  };
+  double brute = INFINITY;
+  for (int g = 0; g <= 40; ++g) {
+    std::vector<double> sb = transformed(0.05 * g);
+    auto c = FitSigmaScale(truth.data(), mean.data(), sb.data(), n, -1.0, 1.0, "brute");
+    if (!c.ok()) continue;
+    for (double& v : sb) v *= *c;
+    brute = std::min(brute, TruncatedNllReference(truth, mean, sb, -1.0, 1.0));
+  }
+  std::vector<double> mine = transformed(fit->exponent);
+  for (double& v : mine) v *= fit->scale;
+  EXPECT_LE(TruncatedNllReference(truth, mean, mine, -1.0, 1.0), brute + 1e-9);
+  EXPECT_NEAR(fit->exponent, 0.6, 0.15);
+}
+
 // The joint step: unit marginals claimed and true, but a correlation of 0.6 claimed between the
 // first two outputs whose errors are independent. The per-output fits leave the marginals alone
 // (factors ~1), and the block's ellipses are then too small: E[d^2] = 2 / (1 - 0.6^2), so the
