@@ -6,10 +6,12 @@
 #include <malloc.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/base/log.h"
 #include "core/nn/ensemble.h"
@@ -746,10 +748,15 @@ void InferenceServer::Shutdown(std::chrono::milliseconds drain) {
     shut_down_ = true;
   }
   if (server_) {
+    const auto deadline = std::chrono::system_clock::now() + drain;
     SetServing(false);
+    // Health-checking clients (client/channel.h) route no new call here once they see NOT_SERVING,
+    // but a call they routed just before is still on its way: refusing new calls at once would
+    // cancel it. So the server keeps accepting for a short grace first.
+    std::this_thread::sleep_for(std::min(kHealthGrace, drain / 4));
     // Refuses new calls and waits for in-flight ones (they still need the batcher), cancelling
     // whatever is left at the deadline.
-    server_->Shutdown(std::chrono::system_clock::now() + drain);
+    server_->Shutdown(deadline);
   }
   {
     std::lock_guard<std::mutex> lock(tasks_mu_);

@@ -92,8 +92,11 @@ class InferenceServer {
   // Asks the reload thread to reload options.checkpoint (what SIGHUP does). Async-signal-safe.
   void RequestReload() { reload_requested_.store(true); }
 
-  // Health NOT_SERVING, refuse new RPCs, let in-flight ones finish for up to `drain` (then cancel
+  // Health NOT_SERVING; new RPCs still accepted for min(kHealthGrace, drain / 4), so that
+  // health-checking clients move their next calls to other replicas without losing one already
+  // sent; then refuse new RPCs, let in-flight ones finish until `drain` has passed (then cancel
   // them), stop the batcher and the reload thread. Idempotent.
+  static constexpr std::chrono::milliseconds kHealthGrace{1000};
   void Shutdown(std::chrono::milliseconds drain);
   // Blocks until Shutdown() has finished.
   void Wait();
