@@ -35,6 +35,21 @@ double TruncatedNll(const double* truth, const double* mean, const double* sigma
   return sum / static_cast<double>(n);
 }
 
+// The minimum of a unimodal f on [a, b] by golden section, to a bracket of 1e-7: its midpoint.
+template <typename F>
+double GoldenMinimum(const F& f, double a, double b) {
+  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
+  double x1 = b - phi * (b - a), x2 = a + phi * (b - a), f1 = f(x1), f2 = f(x2);
+  while (b - a > 1e-7) {
+    if (f1 < f2) {
+      b = x2, x2 = x1, f2 = f1, x1 = b - phi * (b - a), f1 = f(x1);
+    } else {
+      a = x1, x1 = x2, f1 = f2, x2 = a + phi * (b - a), f2 = f(x2);
+    }
+  }
+  return 0.5 * (a + b);
+}
+
 }  // namespace
 
 void PrecisionCholesky(UncertaintyHead head, int p, const float* raw, double* l) {
@@ -315,20 +330,8 @@ StatusOr<double> FitSigmaScale(const double* truth, const double* mean, const do
     return InvalidArgumentError(what + ": the fitted factor is below e^-7 (sigma far too wide?)");
   const double step = (hi_log - lo_log) / kGrid;
   double a = lo_log + (best - 1) * step, b = lo_log + std::min(kGrid, best + 1) * step;
-  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
-  double x1 = b - phi * (b - a), x2 = a + phi * (b - a);
-  double f1 = TruncatedNll(truth, mean, sigma, n, low, high, x1),
-         f2 = TruncatedNll(truth, mean, sigma, n, low, high, x2);
-  while (b - a > 1e-7) {
-    if (f1 < f2) {
-      b = x2, x2 = x1, f2 = f1, x1 = b - phi * (b - a);
-      f1 = TruncatedNll(truth, mean, sigma, n, low, high, x1);
-    } else {
-      a = x1, x1 = x2, f1 = f2, x2 = a + phi * (b - a);
-      f2 = TruncatedNll(truth, mean, sigma, n, low, high, x2);
-    }
-  }
-  return std::exp(0.5 * (a + b));
+  return std::exp(GoldenMinimum(
+      [&](double x) { return TruncatedNll(truth, mean, sigma, n, low, high, x); }, a, b));
 }
 
 namespace {
@@ -362,16 +365,7 @@ ExponentTrial LocalScale(const double* truth, const double* mean, const double* 
   }
   if (x == lo) return {};
   double a = std::max(lo, x - kStep), b = std::min(hi, x + kStep);
-  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
-  double x1 = b - phi * (b - a), x2 = a + phi * (b - a), f1 = f(x1), f2 = f(x2);
-  while (b - a > 1e-7) {
-    if (f1 < f2) {
-      b = x2, x2 = x1, f2 = f1, x1 = b - phi * (b - a), f1 = f(x1);
-    } else {
-      a = x1, x1 = x2, f1 = f2, x2 = a + phi * (b - a), f2 = f(x2);
-    }
-  }
-  const double best = 0.5 * (a + b);
+  const double best = GoldenMinimum(f, a, b);
   return {true, std::exp(best), f(best)};
 }
 
