@@ -34,6 +34,10 @@ constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
   --max-streams-per-connection N   open PredictStream calls per connection (default 16; 0 = no limit)
   --stream-idle-timeout-s S  close a stream with nothing to do for S seconds (default 300; 0 = never)
   --precision fp32|bf16      compute precision (default fp32)
+  --kernel-selection measure|rule  conv kernels: time every candidate at load and keep the fastest
+                             (default measure), or the fixed rule
+  --kernel-cache FILE        measured timings, reused by later loads ("none": no file; default
+                             $COSMOFLOW_KERNEL_CACHE, else ~/.cache/cosmoflow/kernel-timings.tsv)
   --watch-interval-ms MS     poll the checkpoint directory's LATEST (default 1000; 0 = off)
   --drain-timeout-s S        on SIGTERM, how long in-flight requests may take (default 30)
   --tls-cert PEM --tls-key PEM [--tls-client-ca PEM]   TLS (client certificates required with a CA)
@@ -109,6 +113,8 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
                {"max-streams-per-connection", true},
                {"stream-idle-timeout-s", true},
                {"precision", true},
+               {"kernel-selection", true},
+               {"kernel-cache", true},
                {"watch-interval-ms", true},
                {"drain-timeout-s", true},
                {"tls-cert", true},
@@ -147,9 +153,11 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   auto watch_ms = flags.GetInt("watch-interval-ms", 1000);
   auto drain_s = flags.GetDouble("drain-timeout-s", 30);
   auto precision = ParsePrecision(flags.Get("precision", "fp32"));
+  auto selection = ParseKernelSelection(flags.Get("kernel-selection", "measure"));
   for (const Status& s :
        {max_batch.status(), delay_ms.status(), prepare_ms.status(), max_queue.status(),
-        max_message.status(), watch_ms.status(), drain_s.status(), precision.status()})
+        max_message.status(), watch_ms.status(), drain_s.status(), precision.status(),
+        selection.status()})
     if (!s.ok()) return UsageError(s.message());
   if ((*delay_ms < 0 && flags.Has("max-queue-delay-ms")) || *prepare_ms < 0 || *watch_ms < 0 ||
       *drain_s < 0)
@@ -162,6 +170,9 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   options.max_message_bytes = *max_message;
   options.watch_interval = std::chrono::milliseconds(*watch_ms);
   options.precision = *precision;
+  options.kernel_selection = *selection;
+  const std::string cache = flags.Get("kernel-cache", "");
+  options.kernel_cache = cache == "none" ? "" : cache.empty() ? DefaultKernelCachePath() : cache;
   cl->drain = std::chrono::milliseconds(int64_t(*drain_s * 1000));
   if (flags.Has("port-file")) cl->port_file = flags.Get("port-file");
   if (flags.Has("metrics-port-file")) cl->metrics_port_file = flags.Get("metrics-port-file");

@@ -53,11 +53,13 @@ double TimeForwardPass(Network& net, const float* src, float* dst) {
 // for the batcher's automatic delay).
 StatusOr<std::unique_ptr<Network>> BuildWarmNetwork(const ModelSpec& spec,
                                                     const std::vector<NamedTensor>& weights, int n,
-                                                    Precision precision, int64_t elements,
+                                                    const ModelOptions& options, int64_t elements,
                                                     int outputs, double* forward1_seconds) {
   NetworkOptions net_options;
   net_options.batch = n;
-  net_options.precision = precision;
+  net_options.precision = options.precision;
+  net_options.kernel_selection = options.kernel_selection;
+  net_options.kernel_cache = options.kernel_cache;
   net_options.training = false;
   auto net = Network::Create(spec, net_options);
   if (!net.ok())
@@ -73,6 +75,15 @@ StatusOr<std::unique_ptr<Network>> BuildWarmNetwork(const ModelSpec& spec,
     if (!std::isfinite(v))
       return DataLossError("warm-up forward pass gave a non-finite output (diverged weights?)");
   return std::move(net).value();
+}
+
+// What runs each conv pass, e.g. "conv1+leaky fwd=onednn(brg:avx512_core) ...", for the log.
+std::string ConvKernels(const Network& net) {
+  std::string s;
+  for (const auto& k : net.ChosenKernels()) {
+    if (k.op.rfind("conv", 0) == 0) s += (s.empty() ? "" : ", ") + k.op + " " + k.pass + "=" + k.kernel + "(" + k.impl + ")";
+  }
+  return s;
 }
 
 // The checkpoints `path` stands for: one (a file, or a directory's newest valid one), or an
@@ -175,9 +186,12 @@ Status Model::BuildMember(const Checkpoint& ckpt, const std::string& file) {
   Member member;
   double forward1 = 0;
   for (int n : BatchSizes(options_.max_batch)) {
-    auto net = BuildWarmNetwork(spec, ckpt.weights, n, options_.precision, elements,
+    auto net = BuildWarmNetwork(spec, ckpt.weights, n, options_, elements,
                                 spec.NetworkOutputs(), &forward1);
     if (!net.ok()) return net.status().WithContext(file);
+    if (members_.empty()) {
+      CF_LOG(INFO) << "batch " << n << " kernels: " << ConvKernels(**net);
+    }
     member.networks.push_back(std::move(*net));
   }
   // What one cube costs, for the batcher's automatic delay: every member's pass.

@@ -37,6 +37,8 @@ namespace cosmoflow {
 struct ModelOptions {
   int max_batch = 4;
   Precision precision = Precision::kFp32;
+  KernelSelection kernel_selection = KernelSelection::kRule;  // NetworkOptions's
+  std::string kernel_cache;
 };
 
 class Model {

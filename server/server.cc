@@ -649,6 +649,8 @@ StatusOr<std::shared_ptr<Model>> InferenceServer::ReloadLocked(const std::string
   ModelOptions model_options;
   model_options.max_batch = options_.max_batch;
   model_options.precision = options_.precision;
+  model_options.kernel_selection = options_.kernel_selection;
+  model_options.kernel_cache = options_.kernel_cache;
   auto model = Model::Load(target, model_options);
   if (!model.ok()) {
     if (current) {  // the first load is not a reload

@@ -53,6 +53,10 @@ struct ServerOptions {
   // float32 cube). Larger requests get RESOURCE_EXHAUSTED from gRPC itself.
   int64_t max_message_bytes = 64 << 20;
   Precision precision = Precision::kFp32;
+  // Conv kernels of every network the server builds (NetworkOptions::kernel_selection and
+  // kernel_cache; cosmoflow-server measures by default).
+  KernelSelection kernel_selection = KernelSelection::kRule;
+  std::string kernel_cache;
   // How often the reload thread polls a checkpoint directory's LATEST pointer (and the SIGHUP
   // flag); 0 disables directory watching.
   std::chrono::milliseconds watch_interval{1000};

@@ -40,6 +40,40 @@ Status AgreeOnStatus(const Status& local, MPI_Comm comm) {
   return Status(static_cast<StatusCode>(code), message);
 }
 
+std::string BroadcastString(std::string text, MPI_Comm comm) {
+  int length = static_cast<int>(text.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, comm);
+  text.resize(length);
+  MPI_Bcast(text.data(), length, MPI_CHAR, 0, comm);
+  return text;
+}
+
+StatusOr<std::unique_ptr<Network>> CreateNetworkOnEveryRank(const ModelSpec& spec, NetworkOptions o, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const bool agree = o.kernel_selection == KernelSelection::kMeasure && size > 1;
+  StatusOr<std::unique_ptr<Network>> net = InternalError("not built");
+  if (rank == 0 || !agree) net = Network::Create(spec, o);
+  if (agree) {
+    CF_RETURN_IF_ERROR(AgreeOnStatus(rank == 0 ? net.status() : Status::Ok(), comm));
+    const std::string pinned =
+        BroadcastString(rank == 0 ? FormatKernelOptions(PinnedKernels((*net)->ChosenKernels())) : "", comm);
+    if (rank != 0) {
+      auto kernels = ParseKernelOptions(pinned);
+      if (kernels.ok()) {
+        for (const auto& [key, value] : *kernels) o.kernels[key] = value;
+        o.kernel_selection = KernelSelection::kRule;
+        net = Network::Create(spec, o);
+      } else {
+        net = kernels.status().WithContext("rank 0's kernel choice '" + pinned + "'");
+      }
+    }
+  }
+  CF_RETURN_IF_ERROR(AgreeOnStatus(net.status(), comm));
+  return net;
+}
+
 bool AnyRankTrue(bool flag, MPI_Comm comm) {
   int mine = flag ? 1 : 0, any = 0;
   MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/base/status.h"
+#include "core/nn/network.h"
 
 namespace cosmoflow {
 
@@ -29,6 +30,9 @@ MpiWorld DescribeWorld(MPI_Comm comm);
 // "rank N: " when N != 0). This is how setup errors on any rank stop every rank without a hang.
 Status AgreeOnStatus(const Status& local, MPI_Comm comm);
 
+// Rank 0's `text` on every rank.
+std::string BroadcastString(std::string text, MPI_Comm comm);
+
 // True on every rank iff `flag` is true on at least one rank.
 bool AnyRankTrue(bool flag, MPI_Comm comm);
 
@@ -39,6 +43,12 @@ void AllreduceSum(std::vector<double>& values, MPI_Comm comm);
 // place) on `comm`, called by the training thread inside Forward/Backward. Every rank calls it in
 // the same order (same network, same step), so the collectives match.
 std::function<void(double* data, int n)> BatchStatisticsAllreduce(MPI_Comm comm);
+
+// Network::Create on every rank, every rank running the same kernels: with kernel selection by
+// measurement rank 0 builds (and times) first, then broadcasts its choice (PinnedKernels) and the
+// other ranks build with it forced, since timings differ from rank to rank. Errors are agreed
+// over the ranks (AgreeOnStatus), so all ranks return the same status.
+StatusOr<std::unique_ptr<Network>> CreateNetworkOnEveryRank(const ModelSpec& spec, NetworkOptions o, MPI_Comm comm);
 
 // True iff `checksum` is identical on every rank (weights stay in sync: the debug-mode check).
 bool SameOnAllRanks(uint32_t checksum, MPI_Comm comm);

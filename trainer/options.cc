@@ -29,6 +29,14 @@ const FlagInfo kFlags[] = {
      "run directory for checkpoints/, train_log.csv, run.json, val_predictions.csv (required)",
      false},
     {"precision", "fp32 | bf16 [fp32]", false},
+    {"kernel-selection",
+     "conv kernels: measure (rank 0 times every candidate at start-up, all ranks run the fastest) "
+     "| rule (fixed rule; always with --deterministic) [measure]",
+     false},
+    {"kernel-cache",
+     "file of measured kernel timings, reused by later runs on this machine; none = no file "
+     "[$COSMOFLOW_KERNEL_CACHE, else ~/.cache/cosmoflow/kernel-timings.tsv]",
+     false},
     {"epochs", "number of epochs [1]", false},
     {"max-steps", "stop after this global step, 0 = no limit [0]", false},
     {"batch", "samples per rank per step [4]", false},
@@ -164,6 +172,12 @@ std::optional<Status> ApplyDataFlag(TrainerOptions& o, const std::string& k, con
   } else if (k == "precision") {
     if (v != "fp32" && v != "bf16") return Bad(k, v, "expected fp32 or bf16");
     o.precision = v;
+  } else if (k == "kernel-selection") {
+    if (v != "measure" && v != "rule") return Bad(k, v, "expected measure or rule");
+    o.kernel_selection = v;
+  } else if (k == "kernel-cache") {
+    if (v.empty()) return Bad(k, v, "expected a file or none");
+    o.kernel_cache = v;
   } else if (k == "augment") {
     CF_ASSIGN_OR_RETURN(o.augment, ToBool(k, v));
   } else if (k == "stage") {

@@ -207,6 +207,8 @@ class Trainer {
   Status StageIntoDirectory();
   Status StageIntoMemory();
   Status BuildNetwork();
+  // ::CreateNetworkOnEveryRank (mpi_util.h) with `what` in errors; rank 0 logs every conv's kernels.
+  StatusOr<std::unique_ptr<Network>> CreateNetworkOnEveryRank(const NetworkOptions& o, const std::string& what);
   Status BuildOptimizerAndSchedule();
   void BuildReducer();
   Status Resume();
@@ -439,6 +441,20 @@ Status Trainer::StageIntoMemory() {
   return Status::Ok();
 }
 
+StatusOr<std::unique_ptr<Network>> Trainer::CreateNetworkOnEveryRank(const NetworkOptions& o,
+                                                                      const std::string& what) {
+  auto net = cosmoflow::CreateNetworkOnEveryRank(spec_, o, world_.comm);
+  if (!net.ok()) return net.status().WithContext(what);
+  if (root()) {
+    for (const auto& k : (*net)->ChosenKernels()) {
+      if (k.op.rfind("conv", 0) == 0) {
+        CF_LOG(INFO) << what << ": " << k.op << " " << k.pass << " = " << k.kernel << " (" << k.impl << ")";
+      }
+    }
+  }
+  return net;
+}
+
 Status Trainer::BuildNetwork() {
   // Dropout masks differ per rank (each rank sees other samples).
   NetworkOptions no;
@@ -447,22 +463,21 @@ Status Trainer::BuildNetwork() {
   no.training = true;
   no.seed = MixSeed(seed_, static_cast<uint64_t>(world_.rank), 0xd70f);
   no.covariance_gradient_head_only = opt_.covariance_gradient == "head";
+  no.kernel_selection = opt_.deterministic || opt_.kernel_selection == "rule" ? KernelSelection::kRule
+                                                                              : KernelSelection::kMeasure;
+  no.kernel_cache = opt_.kernel_cache == "none" ? "" : opt_.kernel_cache.empty() ? DefaultKernelCachePath()
+                                                                                    : opt_.kernel_cache;
   if (HasBatchNorm(spec_)) {
     // batch_norm's statistics span every rank, on a communicator of their own.
     MPI_Comm_dup(world_.comm, &stats_comm_);
     no.allreduce_sum = BatchStatisticsAllreduce(stats_comm_);
   }
-  auto net = Network::Create(spec_, no);
-  Status local = net.status().WithContext("building network '" + spec_.name + "'");
-  if (net.ok()) net_ = std::move(net).value();
-  if (local.ok() && val_set_) {
+  CF_ASSIGN_OR_RETURN(net_, CreateNetworkOnEveryRank(no, "building network '" + spec_.name + "'"));
+  if (val_set_) {
     NetworkOptions vo = no;
     vo.training = false;
-    auto vnet = Network::Create(spec_, vo);
-    local = vnet.status().WithContext("building validation network");
-    if (vnet.ok()) val_net_ = std::move(vnet).value();
+    CF_ASSIGN_OR_RETURN(val_net_, CreateNetworkOnEveryRank(vo, "building validation network"));
   }
-  CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
   net_->InitParameters(seed_);
   net_->ParametersUpdated();
   return Status::Ok();
@@ -568,11 +583,7 @@ StatusOr<std::string> Trainer::ChooseCheckpoint() {
     }
   }
   CF_RETURN_IF_ERROR(AgreeOnStatus(local, world_.comm));
-  int length = static_cast<int>(path.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, world_.comm);
-  path.resize(length);
-  MPI_Bcast(path.data(), length, MPI_CHAR, 0, world_.comm);
-  return path;
+  return BroadcastString(path, world_.comm);
 }
 
 // Checks that checkpoint `c` continues this run, then loads its weights and optimizer state.

@@ -25,7 +25,8 @@
 using namespace cosmoflow;  // NOLINT
 
 int main(int argc, char** argv) {
-  std::string model = "sc18", mode = "train", precision = "fp32";
+  std::string model = "sc18", mode = "train", precision = "fp32", selection = "measure";
+  std::string cache = DefaultKernelCachePath();
   int64_t batch64 = 4, iters64 = 5, warmup64 = 2;
   bool profile = false, help = false;
   FlagParser flags;
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
   flags.AddInt("iters", &iters64, "timed steps (the median is reported)");
   flags.AddInt("warmup", &warmup64, "untimed steps first");
   flags.AddBool("profile", &profile, "per-op time table on stderr");
+  flags.AddString("kernel-selection", &selection, "conv kernels: measure (time every candidate, keep the fastest) or rule");
+  flags.AddString("kernel-cache", &cache, "file of measured kernel timings (none: no file)");
   flags.AddBool("help", &help, "this text");
   std::vector<std::string> positional;
   if (Status st = flags.Parse(argc, argv, &positional); !st.ok() || !positional.empty()) {
@@ -74,8 +77,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", prec.status().ToString().c_str());
     return 2;
   }
+  auto kernel_selection = ParseKernelSelection(selection);
+  if (!kernel_selection.ok()) {
+    std::fprintf(stderr, "engine_bench: --kernel-selection: %s\n", kernel_selection.status().message().c_str());
+    return 2;
+  }
   const bool train = mode == "train";
   NetworkOptions opts;
+  opts.kernel_selection = *kernel_selection;
+  opts.kernel_cache = cache == "none" ? "" : cache;
   opts.batch = batch;
   opts.precision = *prec;
   opts.training = train;

@@ -56,11 +56,8 @@ Status ValidateKernelOptions(const KernelOptions& kernels) {
   return Status::Ok();
 }
 
-StatusOr<KernelOptions> KernelOptionsFromEnvironment() {
+StatusOr<KernelOptions> ParseKernelOptions(const std::string& text) {
   KernelOptions out;
-  const char* env = std::getenv("COSMOFLOW_KERNELS");
-  if (env == nullptr) return out;
-  const std::string text = env;
   size_t start = 0;
   while (start <= text.size()) {
     size_t end = text.find(',', start);
@@ -69,14 +66,54 @@ StatusOr<KernelOptions> KernelOptionsFromEnvironment() {
     start = end + 1;
     if (item.empty()) continue;
     const size_t eq = item.find('=');
-    if (eq == std::string::npos) {
-      return InvalidArgumentError("COSMOFLOW_KERNELS: '" + item + "' is not key=value");
-    }
+    if (eq == std::string::npos) return InvalidArgumentError("'" + item + "' is not key=value");
     out[item.substr(0, eq)] = item.substr(eq + 1);
   }
-  Status s = ValidateKernelOptions(out);
-  if (!s.ok()) return s.WithContext("COSMOFLOW_KERNELS");
+  CF_RETURN_IF_ERROR(ValidateKernelOptions(out));
   return out;
+}
+
+std::string FormatKernelOptions(const KernelOptions& kernels) {
+  std::string s;
+  for (const auto& [key, value] : kernels) s += (s.empty() ? "" : ",") + key + "=" + value;
+  return s;
+}
+
+StatusOr<KernelOptions> KernelOptionsFromEnvironment() {
+  const char* env = std::getenv("COSMOFLOW_KERNELS");
+  if (env == nullptr) return KernelOptions{};
+  auto parsed = ParseKernelOptions(env);
+  if (!parsed.ok()) return parsed.status().WithContext("COSMOFLOW_KERNELS");
+  return parsed;
+}
+
+const char* KernelSelectionName(KernelSelection s) { return s == KernelSelection::kMeasure ? "measure" : "rule"; }
+
+StatusOr<KernelSelection> ParseKernelSelection(const std::string& name) {
+  if (name == "rule") return KernelSelection::kRule;
+  if (name == "measure") return KernelSelection::kMeasure;
+  return InvalidArgumentError("unknown kernel selection '" + name + "' (expected rule or measure)");
+}
+
+std::string DefaultKernelCachePath() {
+  if (const char* p = std::getenv("COSMOFLOW_KERNEL_CACHE"); p != nullptr && *p != '\0') return p;
+  if (const char* p = std::getenv("XDG_CACHE_HOME"); p != nullptr && *p != '\0')
+    return std::string(p) + "/cosmoflow/kernel-timings.tsv";
+  if (const char* p = std::getenv("HOME"); p != nullptr && *p != '\0')
+    return std::string(p) + "/.cache/cosmoflow/kernel-timings.tsv";
+  return "";
+}
+
+KernelOptions PinnedKernels(const std::vector<KernelChoice>& chosen) {
+  KernelOptions pinned;
+  for (const auto& k : chosen) {
+    const std::string op = k.op.substr(0, k.op.find('+'));  // "conv1+leaky" -> "conv1"
+    const auto values = KernelValues().find(k.pass);
+    if (!IsConvName(op) || op == "conv" || values == KernelValues().end() || values->second.count(k.kernel) == 0)
+      continue;
+    pinned[op + "." + k.pass] = k.kernel;
+  }
+  return pinned;
 }
 
 namespace nn_internal {

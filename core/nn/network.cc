@@ -17,6 +17,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sstream>
 
+#include "core/base/log.h"
 #include "core/nn/layer_table.h"
 #include "core/nn/network_internal.h"
 #include "core/nn/op.h"
@@ -67,6 +68,7 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 using Dt = memory::data_type;
 using nn_internal::AlignedBuffer;
+using nn_internal::KernelTimings;
 using nn_internal::Op;
 using nn_internal::OpArgs;
 using nn_internal::OpContext;
@@ -140,6 +142,7 @@ class NetworkImpl : public Network {
   ModelSpec spec_;
   NetworkOptions options_;
   OpContext ctx_;
+  std::unique_ptr<KernelTimings> timings_;  // kMeasure only
   std::vector<Tensor> tensors_;  // every tensor, in layer order (the order seeds initialisation)
   std::vector<Parameter> params_;
   std::vector<std::unique_ptr<Op>> ops_;
@@ -177,6 +180,11 @@ Status NetworkImpl::SetUpContext(const ModelSpec& spec, const NetworkOptions& op
   ctx_.kernels = options.kernels;
   for (const auto& [key, value] : env) ctx_.kernels[key] = value;  // the operator's override wins
   ctx_.allreduce_sum = options.allreduce_sum;
+  ctx_.selection = options.kernel_selection;
+  if (ctx_.selection == KernelSelection::kMeasure) {
+    timings_ = std::make_unique<KernelTimings>(options.kernel_cache);
+    ctx_.timings = timings_.get();
+  }
   if (options.covariance_gradient_head_only && spec.uncertainty != UncertaintyHead::kNone)
     ctx_.head_gradient_outputs = static_cast<int>(spec.outputs.size());
   if (ctx_.dt == Dt::bf16 && !Bf16Supported()) {
@@ -193,6 +201,14 @@ Status NetworkImpl::Build(const ModelSpec& spec, const NetworkOptions& options) 
   if (ops_.front()->ReadsUserInput()) src_reorder_ = false;
   BuildOutputEdge();
   if (ctx_.training) BindBackward();
+  if (timings_) {
+    // The cache only saves re-timing: a file that cannot be written costs a warning, not the network.
+    if (Status saved = timings_->Save(); !saved.ok()) {
+      CF_LOG(WARNING) << "kernel timings not cached: " << saved.message();
+    }
+    ctx_.timings = nullptr;
+    timings_.reset();
+  }
   PublishParameters();
   InitParameters(options.seed);
   return Status::Ok();

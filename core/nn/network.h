@@ -53,6 +53,23 @@ Status ValidateKernelOptions(const KernelOptions& kernels);
 // an error of Create.
 StatusOr<KernelOptions> KernelOptionsFromEnvironment();
 
+// How a conv pass's kernel is chosen where KernelOptions forces none:
+//   kRule     the fixed rule of docs/engine.md (the same kernels on every run and machine state);
+//   kMeasure  every candidate that supports the pass is timed on the pass's real shapes and
+//             layouts at Create, and the fastest kept (the rule's choice unless another is more
+//             than 5% faster). Timings are kept in NetworkOptions::kernel_cache. The choice
+//             depends on the machine's state when first timed: networks that must agree
+//             bit for bit (ranks of one job) share one choice through PinnedKernels.
+enum class KernelSelection { kRule, kMeasure };
+const char* KernelSelectionName(KernelSelection s);
+StatusOr<KernelSelection> ParseKernelSelection(const std::string& name);  // "rule" | "measure"
+// The timing cache's default file: $COSMOFLOW_KERNEL_CACHE, else $XDG_CACHE_HOME/cosmoflow/
+// kernel-timings.tsv, else $HOME/.cache/cosmoflow/kernel-timings.tsv; "" when none is set.
+std::string DefaultKernelCachePath();
+// "key=value,key=value" (the COSMOFLOW_KERNELS form) and back.
+std::string FormatKernelOptions(const KernelOptions& kernels);
+StatusOr<KernelOptions> ParseKernelOptions(const std::string& text);
+
 struct NetworkOptions {
   int batch = 1;
   Precision precision = Precision::kFp32;
@@ -67,6 +84,11 @@ struct NetworkOptions {
   // layer but stops there (the layers below learn from the means' gradient alone), so the trunk
   // trains as a head-less network's would and the covariance is a read-out of its features.
   bool covariance_gradient_head_only = false;
+  // Kernel choice where `kernels` forces none (see KernelSelection), and the file of measured
+  // timings, keyed by (pass, shapes, layouts, precision, ISA, threads) so that a second Create
+  // on the same machine does not time again; "" keeps timings for this Create only.
+  KernelSelection kernel_selection = KernelSelection::kRule;
+  std::string kernel_cache;
 };
 
 // Which kernel runs one pass of one op.
@@ -76,6 +98,10 @@ struct KernelChoice {
   std::string kernel;  // the candidate: "onednn", "transposed", "channels_last_wgrad", "fused", ...
   std::string impl;    // what it runs: oneDNN's implementation name, or our kernel and its ISA
 };
+
+// Every conv pass of `chosen` as a forced "convN.<pass>" option: a network created with them runs
+// the same kernels without measuring (how the MPI trainer makes every rank run rank 0's choice).
+KernelOptions PinnedKernels(const std::vector<KernelChoice>& chosen);
 
 // A view of one trainable tensor owned by the network.
 struct Parameter {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/nn/kernel_timings.h"
 #include "core/nn/network.h"
 #include "core/nn/spec.h"
 
@@ -41,6 +42,10 @@ struct OpContext {
   // > 0: the last layer's input gradient uses only its first `head_gradient_outputs` outputs (the
   // means of an uncertainty head; NetworkOptions::covariance_gradient_head_only).
   int head_gradient_outputs = 0;
+  // How a pass's kernel is chosen where `kernels` forces none (NetworkOptions::kernel_selection),
+  // and, when measuring, the timings (owned by the network, saved after the last op is set up).
+  KernelSelection selection = KernelSelection::kRule;
+  KernelTimings* timings = nullptr;
 
   // The forced choice for `pass` of op `op_name` of kind `kind` ("conv1.bwd_data" before
   // "conv.bwd_data"), or "" when the rule decides.

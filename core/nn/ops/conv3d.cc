@@ -39,14 +39,19 @@ bool ConvSetup::Fp32ChannelsLast() const {
          dst_md == memory::desc(g.dst_dims(), Dt::f32, Tag::ndhwc);
 }
 
-size_t ChooseCandidate(const std::vector<ConvCandidate>& list, const ConvSetup& s, const std::string& forced) {
+size_t ChooseCandidate(const std::vector<ConvCandidate>& list, const ConvSetup& s, const std::string& forced,
+                       const char* pass) {
   for (size_t i = 0; i < list.size() && !forced.empty(); ++i) {
     if (forced == list[i].name && list[i].supports(s)) return i;
   }
+  size_t rule = list.size() - 1;
   for (size_t i = 0; i + 1 < list.size(); ++i) {
-    if (list[i].supports(s) && list[i].preferred(s)) return i;
+    if (list[i].supports(s) && list[i].preferred(s)) {
+      rule = i;
+      break;
+    }
   }
-  return list.size() - 1;
+  return s.ctx.selection == KernelSelection::kMeasure ? MeasureCandidates(list, s, pass, rule) : rule;
 }
 
 dnnl::convolution_backward_weights::primitive_desc OneDnnBwdWeightsPd(
@@ -169,7 +174,7 @@ class ConvOp : public Op {
     }
     const ConvSetup s = Setup(c);
     const auto& fl = FwdCandidates();
-    const size_t fi = ChooseCandidate(fl, s, c.Forced(base_name_, "conv", "fwd"));
+    const size_t fi = ChooseCandidate(fl, s, c.Forced(base_name_, "conv", "fwd"), "fwd");
     fwd_name_ = fl[fi].name;
     fwd_ = fl[fi].make(s);
   }
@@ -177,12 +182,12 @@ class ConvOp : public Op {
   void SetUpBackward(OpContext& c, bool need_diff_src) override {
     const ConvSetup s = Setup(c);
     const auto& wl = BwdWeightsCandidates();
-    const size_t wi = ChooseCandidate(wl, s, c.Forced(base_name_, "conv", "bwd_weights"));
+    const size_t wi = ChooseCandidate(wl, s, c.Forced(base_name_, "conv", "bwd_weights"), "bwd_weights");
     bwd_w_name_ = wl[wi].name;
     bwd_w_ = wl[wi].make(s);
     if (!need_diff_src) return;  // the first op: no gradient for the input cube
     const auto& dl = BwdDataCandidates();
-    const size_t di = ChooseCandidate(dl, s, c.Forced(base_name_, "conv", "bwd_data"));
+    const size_t di = ChooseCandidate(dl, s, c.Forced(base_name_, "conv", "bwd_data"), "bwd_data");
     bwd_d_name_ = dl[di].name;
     bwd_d_ = dl[di].make(s);
     if (reorder_src_) {
@@ -229,7 +234,8 @@ class ConvOp : public Op {
 
  private:
   ConvSetup Setup(OpContext& c) const {
-    return ConvSetup{c, g_, first_op_, conv_src_md_, dst_md, fwd_pd_, onednn_bwd_w_pd_, w_, b_, weights_, alpha_};
+    return ConvSetup{c, g_, first_op_, conv_src_md_, dst_md, fwd_pd_, onednn_bwd_w_pd_, w_, b_, weights_, alpha_,
+                     base_name_};
   }
 
   void ChooseLayoutAndForward(OpContext& c, const dnnl::primitive_attr& attr) {

@@ -4,8 +4,9 @@
 // Kernel choice: each pass has a list of candidates. A candidate says whether it supports the
 // problem (ISA, layout, precision, shape) and whether the rule prefers it; the op takes the forced
 // candidate (NetworkOptions::kernels, "conv.<pass>" or "<op name>.<pass>") when it supports the
-// problem, else the first supported candidate the rule prefers. The last candidate of every list
-// (oneDNN's primitive) supports everything, so there is always a choice.
+// problem, else the first supported candidate the rule prefers, or with kernel selection by
+// measurement the fastest supported candidate as timed on the real descs (conv3d_measure.cc). The
+// last candidate of every list (oneDNN's primitive) supports everything, so there is always a choice.
 //   pass         candidates (list order)
 //   fwd          fft (FFT-tiled, conv3d_fft.cc), onednn (direct convolution, layout chosen by ConvOp)
 //   bwd_data     fft, transposed (a forward conv of the transposed problem), onednn
@@ -49,6 +50,7 @@ struct ConvSetup {
   ParamStore& b;
   const WorkingWeights& weights;  // forward's working copy and the master
   float leaky_alpha;               // the fused leaky ReLU's slope, or -1 without one
+  const std::string& op_name;      // "conv1", for the measurement's log line
   bool Fp32ChannelsLast() const;
 };
 
@@ -78,8 +80,16 @@ ConvCandidate FftFwdCandidate();
 ConvCandidate FftBwdDataCandidate();
 ConvCandidate FftBwdWeightsCandidate();
 
-// The forced candidate if it supports the problem, else the rule's: the chosen entry's index.
-size_t ChooseCandidate(const std::vector<ConvCandidate>& list, const ConvSetup& s, const std::string& forced);
+// The chosen entry's index for `pass` ("fwd", "bwd_data", "bwd_weights"): the forced candidate if
+// it supports the problem; else with s.ctx.selection = kRule the first supported candidate the rule
+// prefers (the list's last when none), with kMeasure the fastest measured (MeasureCandidates).
+size_t ChooseCandidate(const std::vector<ConvCandidate>& list, const ConvSetup& s, const std::string& forced,
+                       const char* pass);
+// Times every candidate of `list` that supports the problem on scratch tensors of the pass's real
+// descs (or takes s.ctx.timings' cached figures) and returns the fastest's index; the rule's
+// choice `rule` is kept unless another is more than kMeasureMargin faster. Logs one line per pass.
+constexpr double kMeasureMargin = 0.05;
+size_t MeasureCandidates(const std::vector<ConvCandidate>& list, const ConvSetup& s, const char* pass, size_t rule);
 
 // oneDNN's backward-weights / backward-data primitive descriptors for this problem.
 dnnl::convolution_backward_weights::primitive_desc OneDnnBwdWeightsPd(OpContext& c, const ConvGeom& g,
