@@ -835,6 +835,7 @@ void Trainer::WriteSummary(const std::string& outcome) {
   j["gradient_bytes"] = reducer_ ? reducer_->total_bytes() : 0;
   j["gradient_buckets"] = reducer_ ? reducer_->num_buckets() : 0;
   j["allreduce"] = opt_.allreduce;
+  if (net_) j["kernels"] = FormatKernelOptions(PinnedKernels(net_->ChosenKernels()));
   AddTimingSummary(j);
   j["elapsed_s"] = Seconds(run_start_, Clock::now());
   j["git_revision"] = COSMOFLOW_GIT_REV;
