@@ -222,18 +222,22 @@ out="$work/job-$jid.out"
 wait_line "$out" "step 8/48" 120 || fail "job $jid did not reach step 8"
 t0=$(now)
 "$cluster" link "$cl" cfn2 down
-wait_line "$out" "rank 0 \(cfn1\): watchdog: no progress" 30 || fail "rank 0's watchdog did not fire within 30 s of the cut"
+wait_line "$out" "rank 0 \(cfn1\): watchdog: no progress" 60 || fail "rank 0's watchdog did not fire within 60 s of the cut"
 t_watchdog=$(since "$t0")
 wait_line "$out" "trainer exited with 76" 60 || fail "the step did not end with the watchdog's 76"
 grep -q "watchdog: probe from rank 0: rank 1 (cfn2) no answer: unreachable" "$out" \
   || fail "rank 0's watchdog did not name rank 1 on cfn2 as unreachable"
 t_exit=$(since "$t0")
-awk -v t="$t_watchdog" 'BEGIN {exit !(t >= 7 && t < 15)}' || fail "watchdog fired after $t_watchdog s (timeout 8 s)"
+# The watchdog's timeout is --watchdog-timeout-s or 10x the slowest step if longer (slow steps, as
+# under AddressSanitizer, raise it); its message states it, and it fires within 7 s after it.
+limit=$(grep -oE "watchdog: no progress for [0-9.]+ s" "$out" | head -1 | awk '{print $5}')
+awk -v t="$t_watchdog" -v l="${limit:-0}" 'BEGIN {exit !(l >= 8 && t >= l - 1 && t < l + 7)}' \
+  || fail "watchdog fired after $t_watchdog s (its stated timeout: ${limit:-none} s, --watchdog-timeout-s 8)"
 awk -v t="$t_exit" 'BEGIN {exit !(t < 60)}' || fail "the batch script saw the exit only after $t_exit s"
 state=$(wait_state "$jid" "FAILED|COMPLETED|CANCELLED|NODE_FAIL" 90) || fail "job $jid still $state"
 [ "$state" = FAILED ] || fail "job $jid ended $state (expected FAILED with 76, not requeued)"
 restore_host2
-echo "ok d - cable of cfn2 cut at step >= 8: rank 0's watchdog fired after $t_watchdog s naming rank 1 (cfn2) unreachable, the batch script got 76 after $t_exit s, job $jid FAILED"
+echo "ok d - cable of cfn2 cut at step >= 8: rank 0's watchdog (timeout $limit s) fired after $t_watchdog s naming rank 1 (cfn2) unreachable, the batch script got 76 after $t_exit s, job $jid FAILED"
 
 # ---- e. cable of host 2 cut, Slurm detects the node failure, requeues, the job resumes
 run="$work/run-cut"
