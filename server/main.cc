@@ -34,8 +34,8 @@ constexpr char kUsage[] = R"(usage: cosmoflow-server --checkpoint PATH [flags]
   --max-streams-per-connection N   open PredictStream calls per connection (default 16; 0 = no limit)
   --stream-idle-timeout-s S  close a stream with nothing to do for S seconds (default 300; 0 = never)
   --precision fp32|bf16      compute precision (default fp32)
-  --kernel-selection measure|rule  conv kernels: time every candidate at load and keep the fastest
-                             (default measure), or the fixed rule
+  --kernel-selection rule|measure  conv kernels: the fixed rule (default), or time every candidate
+                             at load and keep the fastest
   --kernel-cache FILE        measured timings, reused by later loads ("none": no file; default
                              $COSMOFLOW_KERNEL_CACHE, else ~/.cache/cosmoflow/kernel-timings.tsv)
   --watch-interval-ms MS     poll the checkpoint directory's LATEST (default 1000; 0 = off)
@@ -153,7 +153,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   auto watch_ms = flags.GetInt("watch-interval-ms", 1000);
   auto drain_s = flags.GetDouble("drain-timeout-s", 30);
   auto precision = ParsePrecision(flags.Get("precision", "fp32"));
-  auto selection = ParseKernelSelection(flags.Get("kernel-selection", "measure"));
+  auto selection = ParseKernelSelection(flags.Get("kernel-selection", "rule"));
   for (const Status& s :
        {max_batch.status(), delay_ms.status(), prepare_ms.status(), max_queue.status(),
         max_message.status(), watch_ms.status(), drain_s.status(), precision.status(),

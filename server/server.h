@@ -54,7 +54,7 @@ struct ServerOptions {
   int64_t max_message_bytes = 64 << 20;
   Precision precision = Precision::kFp32;
   // Conv kernels of every network the server builds (NetworkOptions::kernel_selection and
-  // kernel_cache; cosmoflow-server measures by default).
+  // kernel_cache).
   KernelSelection kernel_selection = KernelSelection::kRule;
   std::string kernel_cache;
   // How often the reload thread polls a checkpoint directory's LATEST pointer (and the SIGHUP

@@ -30,8 +30,8 @@ const FlagInfo kFlags[] = {
      false},
     {"precision", "fp32 | bf16 [fp32]", false},
     {"kernel-selection",
-     "conv kernels: measure (rank 0 times every candidate at start-up, all ranks run the fastest) "
-     "| rule (fixed rule; always with --deterministic) [measure]",
+     "conv kernels: rule (the fixed rule; always with --deterministic) | measure (rank 0 times "
+     "every candidate at start-up, all ranks run the fastest) [rule]",
      false},
     {"kernel-cache",
      "file of measured kernel timings, reused by later runs on this machine; none = no file "

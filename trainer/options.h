@@ -24,8 +24,8 @@ struct TrainerOptions {
   std::string val_path;            // optional held-out set
   std::string out_dir;             // run directory: checkpoints/, train_log.csv, ... (required)
   std::string precision = "fp32";  // fp32 | bf16
-  // Conv kernels (NetworkOptions::kernel_selection): measure | rule; --deterministic uses rule.
-  std::string kernel_selection = "measure";
+  // Conv kernels (NetworkOptions::kernel_selection): rule | measure; --deterministic uses rule.
+  std::string kernel_selection = "rule";
   std::string kernel_cache;  // timings file; "" = DefaultKernelCachePath(), "none" = no file
   // Schedule.
   int epochs = 1;

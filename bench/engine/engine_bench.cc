@@ -25,7 +25,7 @@
 using namespace cosmoflow;  // NOLINT
 
 int main(int argc, char** argv) {
-  std::string model = "sc18", mode = "train", precision = "fp32", selection = "measure";
+  std::string model = "sc18", mode = "train", precision = "fp32", selection = "rule";
   std::string cache = DefaultKernelCachePath();
   int64_t batch64 = 4, iters64 = 5, warmup64 = 2;
   bool profile = false, help = false;
