@@ -10,33 +10,16 @@
 
 #include "core/nn/network.h"
 #include "tests/common/files.h"
+#include "tests/nn/test_util.h"
 #include "trainer/mpi_util.h"
 
 namespace cosmoflow {
 namespace {
 
-LayerSpec Layer(LayerType t) {
-  LayerSpec l;
-  l.type = t;
-  return l;
-}
-
+// Two convs (3^3 and 2^3) and a dense head: passes with FFT and direct candidates.
 ModelSpec ConvSpec() {
-  ModelSpec s;
-  s.name = "kernel-choice-mpi";
-  s.input_channels = 2;
-  s.input_side = 10;
-  s.input_transform = InputTransform::kNone;
-  for (int i = 0; i < 3; ++i) s.outputs.push_back({"o" + std::to_string(i), "", 0.f, 1.f});
-  LayerSpec c1 = Layer(LayerType::kConv3d), c2 = Layer(LayerType::kConv3d);
-  c1.filters = 16;
-  c1.kernel = 3;
-  c2.filters = 16;
-  c2.kernel = 2;
-  LayerSpec out = Layer(LayerType::kDense);
-  out.units = 3;
-  s.layers = {c1, c2, Layer(LayerType::kFlatten), out};
-  return s;
+  using namespace cosmoflow::testing;  // NOLINT
+  return MakeSpec(2, 10, {ConvL(16, 3), ConvL(16, 2), FlattenL(), DenseL(3)}, 3);
 }
 
 NetworkOptions Measured(const std::string& cache) {
