@@ -1,8 +1,8 @@
 // Choice by measurement for conv3d's passes (NetworkOptions::kernel_selection = kMeasure): every
 // candidate that supports the pass runs on scratch tensors of the pass's real descs, after one
-// untimed warm-up run, and the median of up to kMaxRuns timed runs is its figure. Figures are cached per problem
-// (s.ctx.timings, keyed by pass, shapes, layouts, precision, ISA and threads), so a second network
-// with the same problem on the same machine does not time again.
+// untimed warm-up run, and the median of up to kMaxRuns timed runs is its figure. Figures are
+// cached per problem (s.ctx.timings, keyed by pass, shapes, layouts, precision, ISA and threads),
+// so a second network with the same problem on the same machine does not time again.
 #include <omp.h>
 
 #include <algorithm>
@@ -22,7 +22,7 @@ using dnnl::memory;
 using Clock = std::chrono::steady_clock;
 
 // Timed runs after the warm-up: enough for a median, few enough that the largest layers time in
-// seconds; a candidate whose warm-up is this many times the best so far is not timed further.
+// seconds; a candidate whose first timed run is this many times the best so far stops there.
 constexpr int kMaxRuns = 5;
 constexpr double kRunsBudgetSeconds = 0.3;
 constexpr double kHopelessRatio = 3.0;
