@@ -29,15 +29,45 @@ void CutSubcube(const Cube& parent, int side, int q, Cube* dst) {
   }
 }
 
+Status BinCube(const Cube& parent, int bin, Cube* dst) {
+  const CubeShape& ps = parent.shape();
+  const int n = ps.width, nb = n / bin;
+  std::vector<int32_t> sum(static_cast<size_t>(ps.channels) * nb * nb * nb, 0);
+  const int16_t* src = parent.int16_data();
+  for (int c = 0; c < ps.channels; ++c)
+    for (int d = 0; d < n; ++d)
+      for (int h = 0; h < n; ++h) {
+        int32_t* row = sum.data() + ((int64_t{c} * nb + d / bin) * nb + h / bin) * nb;
+        const int16_t* in = src + ((int64_t{c} * n + d) * n + h) * n;
+        for (int w = 0; w < n; ++w) row[w / bin] += in[w];
+      }
+  *dst = Cube(CubeShape{ps.channels, nb, nb, nb}, DType::kInt16);
+  int16_t* out = dst->int16_data();
+  for (size_t v = 0; v < sum.size(); ++v) {
+    if (sum[v] > INT16_MAX || sum[v] < INT16_MIN) {
+      return OutOfRangeError("a " + std::to_string(bin) + "^3 block sums to " +
+                             std::to_string(sum[v]) + ", beyond int16");
+    }
+    out[v] = static_cast<int16_t>(sum[v]);
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 Status CheckOptions(const SubcubeOptions& o, const DatasetInfo& in) {
   const CubeShape& s = in.shape;
   if (s.depth != s.width || s.height != s.width)
     return InvalidArgumentError(o.in + ": cubes of shape " + s.ToString() + " are not cubic");
-  if (o.side < 1 || s.width % o.side != 0) {
+  if (o.bin < 1 || s.width % o.bin != 0) {
+    return InvalidArgumentError("bin " + std::to_string(o.bin) + " does not divide the cube side " +
+                                std::to_string(s.width));
+  }
+  const int coarse = s.width / o.bin;
+  if (o.side < 1 || coarse % o.side != 0) {
     return InvalidArgumentError("sub-cube side " + std::to_string(o.side) +
-                                " does not divide the cube side " + std::to_string(s.width));
+                                " does not divide the cube side " + std::to_string(coarse) +
+                                (o.bin > 1 ? " (after bin " + std::to_string(o.bin) + ")" : ""));
   }
   if (o.parents_per_shard < 1) return InvalidArgumentError("parents per shard must be >= 1");
   if (o.prefix.empty() || o.prefix.find('/') != std::string::npos)
@@ -48,15 +78,17 @@ Status CheckOptions(const SubcubeOptions& o, const DatasetInfo& in) {
 // The output's description: the input's, with the sub-cube shape, box and per-cube fields.
 DatasetInfo SubcubeInfo(const SubcubeOptions& o, const DatasetInfo& in) {
   DatasetInfo info = in;
-  const double scale = static_cast<double>(o.side) / in.shape.width;
+  const double scale = static_cast<double>(o.side) * o.bin / in.shape.width;
   info.shape = CubeShape{in.shape.channels, o.side, o.side, o.side};
   info.box_size_mpc_h = in.box_size_mpc_h * scale;
   info.sample_fields = {kSampleGroup, kSampleSubcube, kSampleBoxSize};
   info.generator = "cosmoflow-subcubes (from " + in.generator + ")";
   info.provenance = "cosmoflow-subcubes\ncommand: " + o.command_line + "\ninput: " + o.in +
-                    "\nsub-cube q = (i m + j) m + k of parent g holds voxels [i s, (i+1) s) x "
-                    "[j s, (j+1) s) x [k s, (k+1) s), s = " +
-                    std::to_string(o.side) + ", m = " + std::to_string(in.shape.width / o.side) +
+                    "\nvoxels summed in b^3 blocks, b = " + std::to_string(o.bin) +
+                    "\nsub-cube q = (i m + j) m + k of parent g holds coarsened voxels [i s, (i+1) s)"
+                    " x [j s, (j+1) s) x [k s, (k+1) s), s = " +
+                    std::to_string(o.side) +
+                    ", m = " + std::to_string(in.shape.width / o.bin / o.side) +
                     "\ninput provenance:\n" + in.provenance;
   return info;
 }
@@ -73,10 +105,16 @@ class SubcubeWriter {
   }
 
   // All sub-cubes of parent number `parent` (0-based in the input) with its labels and box.
-  Status AddParent(int64_t parent, const Cube& cube, const std::vector<float>& params,
+  Status AddParent(int64_t parent, const Cube& universe, const std::vector<float>& params,
                    const std::vector<float>& unit, double box) {
     if (!writer_ || (!single_ && parent % o_.parents_per_shard == 0))
       CF_RETURN_IF_ERROR(Open(parent));
+    Cube binned;
+    if (o_.bin > 1) {
+      CF_RETURN_IF_ERROR(BinCube(universe, o_.bin, &binned)
+                             .WithContext(o_.in + ": universe " + std::to_string(parent)));
+    }
+    const Cube& cube = o_.bin > 1 ? binned : universe;
     const int m = cube.shape().width / o_.side;
     Cube sub;
     for (int q = 0; q < m * m * m; ++q) {

@@ -8,7 +8,7 @@
 #
 # Usage: tools/fullres_study.sh OUT_DIR        (docs/accuracy.md, "The full-resolution study")
 # Scale by environment variables; the defaults are the full study, about 90 minutes on 2 idle cores:
-#   N_TRAIN=512 N_VAL=64 N_TEST=128 N_ROBUST=64 ROBUST_ARGS="--pm-mesh 2" SUB_SIDE=32
+#   N_TRAIN=512 N_VAL=64 N_TEST=128 N_ROBUST=64 ROBUST_ARGS="--pm-mesh 2" SUB_SIDE=32 BIN=1
 #   SPEC=tools/specs/fullres32x4-log1p-fullcov.json MEMBERS=3 EPOCHS=12 BATCH=8 LR=0.001
 #   PRECISION=fp32 MSE_WARMUP_EPOCHS=2 SEED=1 SERVE_PRECISION=fp32 SYNTH_ARGS=""
 #   PRIOR="0.27,0.33;0.72,0.88;0.864,1.056;63,77" REAL_DIR=<checkout>/../shared/data/mlperf-cosmoflow
@@ -22,7 +22,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "$1")
 build=${BUILD_DIR:-$here/build}
 N_TRAIN=${N_TRAIN:-512}; N_VAL=${N_VAL:-64}; N_TEST=${N_TEST:-128}; N_ROBUST=${N_ROBUST:-64}
-ROBUST_ARGS=${ROBUST_ARGS:---pm-mesh 2}; SUB_SIDE=${SUB_SIDE:-32}; SYNTH_ARGS=${SYNTH_ARGS:-}
+ROBUST_ARGS=${ROBUST_ARGS:---pm-mesh 2}; SUB_SIDE=${SUB_SIDE:-32}; BIN=${BIN:-1}; SYNTH_ARGS=${SYNTH_ARGS:-}
 SPEC=${SPEC:-$here/tools/specs/fullres32x4-log1p-fullcov.json}
 MEMBERS=${MEMBERS:-3}; EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}
 MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-2}; SEED=${SEED:-1}; SERVE_PRECISION=${SERVE_PRECISION:-fp32}
@@ -31,7 +31,7 @@ REAL_DIR=${REAL_DIR:-$here/../shared/data/mlperf-cosmoflow}
 TRAIN=${TRAIN:-1}
 py=/usr/bin/python3
 
-for v in N_TRAIN N_VAL N_TEST N_ROBUST SUB_SIDE MEMBERS EPOCHS BATCH MSE_WARMUP_EPOCHS SEED; do
+for v in N_TRAIN N_VAL N_TEST N_ROBUST SUB_SIDE BIN MEMBERS EPOCHS BATCH MSE_WARMUP_EPOCHS SEED; do
   [[ "${!v}" =~ ^[0-9]+$ ]] && (( 10#${!v} >= 1 )) ||
     { echo "fullres_study.sh: $v=${!v}: expected a positive integer" >&2; exit 2; }
   printf -v "$v" '%d' "$((10#${!v}))"  # "08" -> 8
@@ -47,8 +47,9 @@ done
 
 # Cube side of the parents (the preset's 128 unless SYNTH_ARGS says otherwise): the estimates scale with it.
 side=128; [[ " $SYNTH_ARGS " =~ \ --side[\ =]([0-9]+) ]] && side=${BASH_REMATCH[1]}
-(( side % SUB_SIDE == 0 )) || { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
-per_universe=$(( (side / SUB_SIDE) ** 3 ))
+(( side % BIN == 0 && side / BIN % SUB_SIDE == 0 )) ||
+  { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE BIN=$BIN: BIN x SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
+per_universe=$(( (side / BIN / SUB_SIDE) ** 3 ))
 mkdir -p "$out/data"
 
 # Time estimates on 2 idle cores (docs/accuracy.md, "The full-resolution study", has their basis):
@@ -79,7 +80,7 @@ stage() {  # the next stage: its name, elapsed time, its estimate and the run's 
   k=$((k + 1))
 }
 total=0; for e in "${est[@]}"; do total=$((total + e)); done
-echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
+echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 (bin $BIN) -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
 # Disk: each universe once whole and once as sub-cubes (int16, 4 channels).
 need_mib=$(( (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * 2 * 8 * side ** 3 / 1048576 ))
 free_mib=$(df -Pm "$out" | awk 'NR == 2 {print $4}')
@@ -102,11 +103,11 @@ gen train 21 "$N_TRAIN"; gen val 22 "$N_VAL"; gen test 23 "$N_TEST"
 gen robust 24 "$N_ROBUST" $ROBUST_ARGS
 
 # ---- 2. sub-cubes: all four channels, the parents' labels, a group id per universe.
-stage "cosmoflow-subcubes into ${SUB_SIDE}^3"
+stage "cosmoflow-subcubes into ${SUB_SIDE}^3 (voxels summed in ${BIN}^3 blocks)"
 for set in train val test robust; do
   [ -d "$out/data/$set-sub" ] && continue
   rm -rf "$out/data/$set-sub.tmp"
-  "$build/synth/cosmoflow-subcubes" --in "$out/data/$set" --out "$out/data/$set-sub.tmp" --side "$SUB_SIDE" --quiet >/dev/null
+  "$build/synth/cosmoflow-subcubes" --in "$out/data/$set" --out "$out/data/$set-sub.tmp" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
   mv "$out/data/$set-sub.tmp" "$out/data/$set-sub"
 done
 
@@ -127,7 +128,7 @@ else
   root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
   # An interrupted run with the same settings resumes (the trainer continues each member from its
   # latest checkpoint and skips finished ones); any other run directory is replaced.
-  settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $SUB_SIDE $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED"
+  settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $SUB_SIDE $BIN $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED"
   if [ "$(cat "$out/run/fullres-settings" 2>/dev/null)" = "$settings" ]; then
     echo "   resuming the run in $out/run (same settings)"
   else
@@ -183,7 +184,7 @@ echo "   served model: $(head -c 300 "$out/real_cubes.md")"
 if ls "$REAL_DIR"/*.tfrecord >/dev/null 2>&1; then
   rm -rf "$out/data/real" "$out/data/real-sub"
   "$build/synth/cosmoflow-import" --out "$out/data/real" --quiet "$REAL_DIR"/*.tfrecord >/dev/null
-  "$build/synth/cosmoflow-subcubes" --in "$out/data/real" --out "$out/data/real-sub" --side "$SUB_SIDE" --quiet >/dev/null
+  "$build/synth/cosmoflow-subcubes" --in "$out/data/real" --out "$out/data/real-sub" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
   $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/real-sub" --out "$out/pred_real.csv"
   $py "$here/tools/average_subcubes.py" --pred "$out/pred_real.csv" --data "$out/data/real-sub" \
     --out "$out/universes_real.csv" --combine "rho:$rho"
@@ -210,7 +211,7 @@ done
 $py - "$out/study.json" <<PY
 import json, sys
 json.dump({"n_train": $N_TRAIN, "n_val": $N_VAL, "n_test": $N_TEST, "n_robust": $N_ROBUST,
-           "robust_args": "$ROBUST_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "sub_side": $SUB_SIDE,
+           "robust_args": "$ROBUST_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "sub_side": $SUB_SIDE, "bin": $BIN,
            "subcubes_per_universe": $per_universe, "spec": "$(basename "$SPEC")", "members": $MEMBERS,
            "epochs": $EPOCHS, "batch": $BATCH, "lr": $LR, "precision": "$PRECISION",
            "serve_precision": "$SERVE_PRECISION", "mse_warmup_epochs": $MSE_WARMUP_EPOCHS, "seed": $SEED,

@@ -105,6 +105,68 @@ TEST(SubcubesTest, SubcubesAreTheParentsSlicesWithMassGroupsAndLabels) {
   EXPECT_EQ(mass, parent_mass);  // every voxel lands in exactly one sub-cube
 }
 
+// With --bin b every sub-cube voxel is the sum of the parent's b^3 block at the right place.
+TEST(SubcubesTest, BinnedSubcubesSumTheParentsBlocks) {
+  TempDir dir("subcubes-bin");
+  const int parents = 2, n = 16, b = 2, s = 4, m = n / b / s;
+  WriteParents(dir / "in", parents, n);
+  SubcubeOptions o;
+  o.in = dir / "in";
+  o.out = dir / "out.h5";
+  o.side = s;
+  o.bin = b;
+  o.progress = false;
+  SubcubeStats stats;
+  ASSERT_TRUE(CutSubcubes(o, &stats).ok());
+  auto r = DatasetReader::Open(o.out);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ((*r)->size(), parents * m * m * m);
+  EXPECT_DOUBLE_EQ((*r)->info().box_size_mpc_h, 16.0 * s * b / n);
+  auto box = (*r)->ReadSampleField(kSampleBoxSize);
+  ASSERT_TRUE(box.ok());
+  int64_t mass = 0, parent_mass = 0;
+  for (int p = 0; p < parents; ++p)
+    for (int c = 0; c < 2; ++c)
+      for (int d = 0; d < n; ++d)
+        for (int h = 0; h < n; ++h)
+          for (int x = 0; x < n; ++x) parent_mass += Value(p, c, d, h, x);
+  for (int64_t i = 0; i < (*r)->size(); ++i) {
+    const int p = static_cast<int>(i / (m * m * m)), q = static_cast<int>(i % (m * m * m));
+    EXPECT_DOUBLE_EQ((*box)[i], 10.0 * (p + 1) * s * b / n);
+    auto cube = (*r)->ReadCube(i);
+    ASSERT_TRUE(cube.ok());
+    const int16_t* v = cube->int16_data();
+    const int ci = q / (m * m), cj = (q / m) % m, ck = q % m;
+    int bad = 0;
+    for (int c = 0; c < 2; ++c)
+      for (int d = 0; d < s; ++d)
+        for (int h = 0; h < s; ++h)
+          for (int x = 0; x < s; ++x, ++v) {
+            int sum = 0;
+            for (int e = 0; e < b * b * b; ++e)
+              sum += Value(p, c, (ci * s + d) * b + e / (b * b), (cj * s + h) * b + e / b % b,
+                           (ck * s + x) * b + e % b);
+            bad += *v != sum;
+            mass += *v;
+          }
+    EXPECT_EQ(bad, 0) << "sub-cube " << q << " of parent " << p;
+  }
+  EXPECT_EQ(mass, parent_mass);
+}
+
+TEST(SubcubesTest, BinRefusesCountsBeyondInt16) {
+  Cube cube(CubeShape{1, 4, 4, 4}, DType::kInt16);
+  for (int64_t i = 0; i < 64; ++i) cube.int16_data()[i] = 4000;
+  Cube out;
+  ASSERT_TRUE(BinCube(cube, 2, &out).ok());  // 8 x 4000 fits
+  EXPECT_EQ(out.shape(), (CubeShape{1, 2, 2, 2}));
+  for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(out.int16_data()[i], 32000);
+  cube.int16_data()[63] = 5000;  // the last block sums to 7 x 4000 + 5000 = 33000
+  Status s = BinCube(cube, 2, &out);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("sums to 33000, beyond int16"), std::string::npos) << s.message();
+}
+
 TEST(SubcubesTest, ShardsPerParentsAndClearErrors) {
   TempDir dir("subcubes-cli");
   WriteParents(dir / "in", 5, 8);
@@ -123,6 +185,10 @@ TEST(SubcubesTest, ShardsPerParentsAndClearErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {" --in " + dir / "in" + " --out " + dir / "x.h5 --side 3",
        "does not divide the cube side 8"},
+      {" --in " + dir / "in" + " --out " + dir / "x.h5 --bin 3", "bin 3 does not divide"},
+      {" --in " + dir / "in" + " --out " + dir / "x.h5 --bin 2 --side 8",
+       "does not divide the cube side 4 (after bin 2)"},
+      {" --in " + dir / "in" + " --out " + dir / "x.h5 --bin 0", "--bin must be in 1..1024"},
       {" --in " + dir / "nope --out " + dir / "x.h5", "nope"},
       {" --out " + dir / "x.h5", "--in and --out are required"},
   };
