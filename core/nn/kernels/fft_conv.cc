@@ -49,6 +49,24 @@ struct Aligned {
   ~Aligned() { std::free(p); }
 };
 
+// A split complex array: re and im in one allocation, im a fixed n (rounded up to 16) floats
+// after re. FFTW's new-array execute applies a plan to other split arrays only if their im - re
+// equals the planned arrays' (it derives im from re by the planned distance); two separate
+// allocations give each thread's buffers a different distance, and FFTW then writes through a
+// wild pointer. One allocation per pair makes the distance a function of n alone.
+struct Split {
+  Aligned both;
+  float* re = nullptr;
+  float* im = nullptr;
+  int64_t n = 0;
+  void Allocate(int64_t values) {
+    n = values;
+    both.Allocate(2 * RoundUp16(values));
+    re = both.p;
+    im = both.p + RoundUp16(values);
+  }
+};
+
 }  // namespace
 
 ActivationLayout ActivationLayout::Planar(int64_t channels, int64_t voxels) {
@@ -103,9 +121,9 @@ int FftConv3d::TileFor(const FftConvShape& s) {
 // Per-thread working memory: real tiles, and the spectra of the input and output tiles (split).
 struct FftConv3d::ThreadBuffers {
   Aligned real;          // [tiles][max(C, F)][T^3]
-  Aligned x_re, x_im;    // [tiles][C][tfp]
-  Aligned y_re, y_im;    // [tiles][F][tfp]
-  Aligned g_re, g_im;    // [F][C][tfp], the weight gradient's partial spectrum (lazily)
+  Split x;               // [tiles][C][tfp]
+  Split y;               // [tiles][F][tfp]
+  Split g;               // [F][C][tfp], the weight gradient's partial spectrum (lazily)
   std::vector<double> bias;  // [F] partial bias gradient
 };
 
@@ -116,7 +134,7 @@ struct FftConv3d::Plans {
   fftwf_plan w_r2c = nullptr;     // F * C weights -> spectra
   fftwf_plan w_c2r = nullptr;     // F * C gradient spectra -> real
   Aligned w_real;                 // [F][C][T^3]
-  Aligned w_re, w_im;             // the weights' spectra, [F][C][tfp]
+  Split w;                        // the weights' spectra, [F][C][tfp] (g's size: w_c2r runs on g)
   ~Plans() {
     for (fftwf_plan p : {in_r2c, out_r2c, out_c2r, w_r2c, w_c2r}) {
       if (p != nullptr) fftwf_destroy_plan(p);
@@ -207,23 +225,20 @@ FftConv3d::FftConv3d(const FftConvShape& shape, int tile, const ActivationLayout
   buffers_.resize(threads_);
   for (auto& b : buffers_) {
     b.real.Allocate(tb * std::max(C, F) * tv_);
-    b.x_re.Allocate(tb * C * tfp_);
-    b.x_im.Allocate(tb * C * tfp_);
-    b.y_re.Allocate(tb * F * tfp_);
-    b.y_im.Allocate(tb * F * tfp_);
+    b.x.Allocate(tb * C * tfp_);
+    b.y.Allocate(tb * F * tfp_);
     b.bias.assign(F, 0.0);
   }
   plans_ = std::make_unique<Plans>();
-  plans_->w_re.Allocate(int64_t{F} * C * tfp_);
-  plans_->w_im.Allocate(int64_t{F} * C * tfp_);
+  plans_->w.Allocate(int64_t{F} * C * tfp_);
   plans_->w_real.Allocate(int64_t{F} * C * tv_);
   ThreadBuffers& b0 = buffers_[0];
   std::lock_guard<std::mutex> lock(PlannerMutex());
-  plans_->in_r2c = PlanR2c(t_, tb * C, tfp_, b0.real.p, b0.x_re.p, b0.x_im.p);
-  plans_->out_r2c = PlanR2c(t_, tb * F, tfp_, b0.real.p, b0.y_re.p, b0.y_im.p);
-  plans_->out_c2r = PlanC2r(t_, tb * F, tfp_, b0.y_re.p, b0.y_im.p, b0.real.p);
-  plans_->w_r2c = PlanR2c(t_, F * C, tfp_, plans_->w_real.p, plans_->w_re.p, plans_->w_im.p);
-  plans_->w_c2r = PlanC2r(t_, F * C, tfp_, plans_->w_re.p, plans_->w_im.p, plans_->w_real.p);
+  plans_->in_r2c = PlanR2c(t_, tb * C, tfp_, b0.real.p, b0.x.re, b0.x.im);
+  plans_->out_r2c = PlanR2c(t_, tb * F, tfp_, b0.real.p, b0.y.re, b0.y.im);
+  plans_->out_c2r = PlanC2r(t_, tb * F, tfp_, b0.y.re, b0.y.im, b0.real.p);
+  plans_->w_r2c = PlanR2c(t_, F * C, tfp_, plans_->w_real.p, plans_->w.re, plans_->w.im);
+  plans_->w_c2r = PlanC2r(t_, F * C, tfp_, plans_->w.re, plans_->w.im, plans_->w_real.p);
   for (fftwf_plan p : {plans_->in_r2c, plans_->out_r2c, plans_->out_c2r, plans_->w_r2c, plans_->w_c2r}) {
     if (p == nullptr) throw std::runtime_error("fft conv: FFTW could not plan the tile transforms");
   }
@@ -232,8 +247,8 @@ FftConv3d::FftConv3d(const FftConvShape& shape, int tile, const ActivationLayout
 FftConv3d::~FftConv3d() = default;
 
 int64_t FftConv3d::WorkspaceBytes() const {
-  int64_t floats = 2 * plans_->w_re.n + plans_->w_real.n;
-  for (const auto& b : buffers_) floats += b.real.n + b.x_re.n * 2 + b.y_re.n * 2 + b.g_re.n * 2;
+  int64_t floats = 2 * plans_->w.n + plans_->w_real.n;
+  for (const auto& b : buffers_) floats += b.real.n + b.x.n * 2 + b.y.n * 2 + b.g.n * 2;
   return floats * 4;
 }
 
@@ -254,7 +269,7 @@ void FftConv3d::SetWeights(const float* w, bool flip_transpose) {
       }
     }
   }
-  fftwf_execute_split_dft_r2c(plans_->w_r2c, real, plans_->w_re.p, plans_->w_im.p);
+  fftwf_execute_split_dft_r2c(plans_->w_r2c, real, plans_->w.re, plans_->w.im);
 }
 
 // Copies tile `tile`'s region of x into `real` (channels x T^3, zero outside the tensor). Input
@@ -295,7 +310,7 @@ void FftConv3d::InputSpectra(const float* src, int64_t first, int count, ThreadB
       std::memset(b.real.p + int64_t{i} * C * tv_, 0, static_cast<size_t>(C) * tv_ * 4);
     }
   }
-  fftwf_execute_split_dft_r2c(plans_->in_r2c, b.real.p, b.x_re.p, b.x_im.p);
+  fftwf_execute_split_dft_r2c(plans_->in_r2c, b.real.p, b.x.re, b.x.im);
 }
 
 void FftConv3d::Forward(const float* src, float* dst, const float* bias, float alpha) const {
@@ -310,9 +325,9 @@ void FftConv3d::Forward(const float* src, float* dst, const float* bias, float a
     const int count = static_cast<int>(std::min<int64_t>(tb, tiles - first));
     InputSpectra(src, first, count, b);
     // y[t][f] = sum_c x[t][c] conj(w[f][c])
-    ConjProductAll({b.x_re.p, b.x_im.p, C * tfp_, tfp_}, tb, {plans_->w_re.p, plans_->w_im.p, C * tfp_, tfp_}, F, C, tfp_, b.y_re.p,
-                   b.y_im.p, false);
-    fftwf_execute_split_dft_c2r(plans_->out_c2r, b.y_re.p, b.y_im.p, b.real.p);
+    ConjProductAll({b.x.re, b.x.im, C * tfp_, tfp_}, tb, {plans_->w.re, plans_->w.im, C * tfp_, tfp_}, F, C, tfp_, b.y.re,
+                   b.y.im, false);
+    fftwf_execute_split_dft_c2r(plans_->out_c2r, b.y.re, b.y.im, b.real.p);
     for (int i = 0; i < count; ++i) {
       const int64_t tile = first + i, n = tile / TilesPerSample(), r = tile % TilesPerSample();
       const int od0 = static_cast<int>(r / (int64_t{nt_} * nt_)) * to_, oh0 = static_cast<int>(r / nt_ % nt_) * to_,
@@ -342,12 +357,9 @@ void FftConv3d::BackwardWeights(const float* src, const float* diff_dst, float* 
   const int64_t tiles = int64_t{s_.batch} * TilesPerSample();
   const int64_t blocks = (tiles + tb - 1) / tb;
   for (auto& b : buffers_) {
-    if (b.g_re.p == nullptr) {
-      b.g_re.Allocate(int64_t{F} * C * tfp_);
-      b.g_im.Allocate(int64_t{F} * C * tfp_);
-    }
-    std::memset(b.g_re.p, 0, static_cast<size_t>(b.g_re.n) * 4);
-    std::memset(b.g_im.p, 0, static_cast<size_t>(b.g_im.n) * 4);
+    if (b.g.re == nullptr) b.g.Allocate(int64_t{F} * C * tfp_);
+    std::memset(b.g.re, 0, static_cast<size_t>(b.g.n) * 4);
+    std::memset(b.g.im, 0, static_cast<size_t>(b.g.n) * 4);
     std::fill(b.bias.begin(), b.bias.end(), 0.0);
   }
   // Static schedule: each thread's partial sums cover the same blocks in every run.
@@ -369,20 +381,20 @@ void FftConv3d::BackwardWeights(const float* src, const float* diff_dst, float* 
         b.bias[f] += s;
       }
     }
-    fftwf_execute_split_dft_r2c(plans_->out_r2c, b.real.p, b.y_re.p, b.y_im.p);
+    fftwf_execute_split_dft_r2c(plans_->out_r2c, b.real.p, b.y.re, b.y.im);
     InputSpectra(src, first, count, b);
     // g[c][f] += sum_t x[t][c] conj(dy[t][f]): the correlation of input and output gradient.
-    ConjProductAll({b.x_re.p, b.x_im.p, tfp_, C * tfp_}, C, {b.y_re.p, b.y_im.p, tfp_, F * tfp_}, F, tb, tfp_, b.g_re.p,
-                   b.g_im.p, true);
+    ConjProductAll({b.x.re, b.x.im, tfp_, C * tfp_}, C, {b.y.re, b.y.im, tfp_, F * tfp_}, F, tb, tfp_, b.g.re,
+                   b.g.im, true);
   }
   // Thread order, for reproducibility; then one inverse transform per (f, c).
   ThreadBuffers& b0 = buffers_[0];
   for (int t = 1; t < threads_; ++t) {
-    for (int64_t i = 0; i < b0.g_re.n; ++i) b0.g_re.p[i] += buffers_[t].g_re.p[i], b0.g_im.p[i] += buffers_[t].g_im.p[i];
+    for (int64_t i = 0; i < b0.g.n; ++i) b0.g.re[i] += buffers_[t].g.re[i], b0.g.im[i] += buffers_[t].g.im[i];
     for (int f = 0; f < F; ++f) b0.bias[f] += buffers_[t].bias[f];
   }
   float* real = plans_->w_real.p;
-  fftwf_execute_split_dft_c2r(plans_->w_c2r, b0.g_re.p, b0.g_im.p, real);
+  fftwf_execute_split_dft_c2r(plans_->w_c2r, b0.g.re, b0.g.im, real);
   const float scale = 1.f / static_cast<float>(tv_);
   const int k3 = k * k * k;
   for (int f = 0; f < F; ++f) {

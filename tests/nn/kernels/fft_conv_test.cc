@@ -4,6 +4,7 @@
 #include "core/nn/kernels/fft_conv.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <random>
@@ -163,6 +164,47 @@ TEST(FftConvTest, AllPassesMatchNaiveLoops) {
     CheckBackwardData(p, c.tile);
     CheckBackwardWeights(p, tile);
   }
+}
+
+// Every thread's buffers are its own heap allocations, and FFTW applies the plan made on thread
+// 0's to them. Between constructions the heap is fragmented (as when kernel measurement builds and
+// drops candidates), so the buffers land at unrelated places; two threads must still give one
+// thread's results. (With re and im of a spectrum allocated apart, thread 1's arrays had another
+// im - re distance than the planned ones, and FFTW read through a wild pointer.)
+TEST(FftConvTest, TwoThreadsMatchOneWhereverTheHeapPutsTheirBuffers) {
+  // sc18's second conv in miniature (16 -> 32, 4^3, channels-last), tile 24 as at full size:
+  // the shape whose transforms FFTW runs through its buffered copies.
+  const Case c{2, 16, 32, 30, 4, false, 1, 24};
+  Problem p(c);
+  const FftConvShape s{c.n, c.c, c.f, c.side, p.out, c.k, p.pad};
+  const int tile = c.tile;
+  const int saved = omp_get_max_threads();
+  auto run = [&](std::vector<float>* y, std::vector<float>* gw, std::vector<float>* gb) {
+    FftConv3d conv(s, tile, p.src, p.dst);
+    conv.SetWeights(p.w.data());
+    y->assign(size_t(c.n) * p.dst.n_stride, 0.f);
+    gw->assign(p.w.size(), 0.f);
+    gb->assign(c.f, 0.f);
+    conv.Forward(p.x.data(), y->data(), p.bias.data(), 0.1f);
+    conv.BackwardWeights(p.x.data(), p.dy.data(), gw->data(), gb->data());
+  };
+  omp_set_num_threads(1);
+  std::vector<float> y1, gw1, gb1;
+  run(&y1, &gw1, &gb1);
+  omp_set_num_threads(2);
+  std::mt19937 rng(7);
+  std::vector<std::vector<char>> junk;
+  const double scale = std::sqrt(double(c.n) * p.out * p.out * p.out);
+  for (int round = 0; round < 12; ++round) {
+    for (int i = 0; i < 24; ++i) junk.emplace_back(1024 + rng() % (256 * 1024), char(1));
+    for (size_t i = round % 3; i < junk.size(); i += 3) std::vector<char>().swap(junk[i]);
+    std::vector<float> y2, gw2, gb2;
+    run(&y2, &gw2, &gb2);
+    for (size_t i = 0; i < y1.size(); ++i) ASSERT_NEAR(y2[i], y1[i], 1e-5f * (1 + std::fabs(y1[i]))) << "output " << i << " round " << round;
+    for (size_t i = 0; i < gw1.size(); ++i) ASSERT_NEAR(gw2[i], gw1[i], 2e-5 * scale) << "weight gradient " << i << " round " << round;
+    for (int f = 0; f < c.f; ++f) ASSERT_NEAR(gb2[f], gb1[f], 2e-5 * scale) << "bias gradient " << f;
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(FftConvTest, ChoosesATileThatSavesWorkOnSc18Shapes) {
