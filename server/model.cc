@@ -77,15 +77,6 @@ StatusOr<std::unique_ptr<Network>> BuildWarmNetwork(const ModelSpec& spec,
   return std::move(net).value();
 }
 
-// What runs each conv pass, e.g. "conv1+leaky fwd=onednn(brg:avx512_core) ...", for the log.
-std::string ConvKernels(const Network& net) {
-  std::string s;
-  for (const auto& k : net.ChosenKernels()) {
-    if (k.op.rfind("conv", 0) == 0) s += (s.empty() ? "" : ", ") + k.op + " " + k.pass + "=" + k.kernel + "(" + k.impl + ")";
-  }
-  return s;
-}
-
 // The checkpoints `path` stands for: one (a file, or a directory's newest valid one), or an
 // ensemble's members with the manifest's calibration and checksum.
 struct Source {
@@ -190,7 +181,7 @@ Status Model::BuildMember(const Checkpoint& ckpt, const std::string& file) {
                                 spec.NetworkOutputs(), &forward1);
     if (!net.ok()) return net.status().WithContext(file);
     if (members_.empty()) {
-      CF_LOG(INFO) << "batch " << n << " kernels: " << ConvKernels(**net);
+      CF_LOG(INFO) << "batch " << n << " kernels: " << DescribeConvKernels((*net)->ChosenKernels());
     }
     member.networks.push_back(std::move(*net));
   }

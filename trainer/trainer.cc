@@ -447,9 +447,8 @@ StatusOr<std::unique_ptr<Network>> Trainer::CreateNetworkOnEveryRank(const Netwo
   if (!net.ok()) return net.status().WithContext(what);
   if (root()) {
     for (const auto& k : (*net)->ChosenKernels()) {
-      if (k.op.rfind("conv", 0) == 0) {
-        CF_LOG(INFO) << what << ": " << k.op << " " << k.pass << " = " << k.kernel << " (" << k.impl << ")";
-      }
+      if (k.op.rfind("conv", 0) != 0) continue;
+      CF_LOG(INFO) << what << ": " << k.op << " " << DescribeKernel(k);
     }
   }
   return net;

@@ -116,6 +116,16 @@ KernelOptions PinnedKernels(const std::vector<KernelChoice>& chosen) {
   return pinned;
 }
 
+std::string DescribeKernel(const KernelChoice& k) { return k.pass + "=" + k.kernel + "(" + k.impl + ")"; }
+
+std::string DescribeConvKernels(const std::vector<KernelChoice>& chosen) {
+  std::string s;
+  for (const auto& k : chosen) {
+    if (k.op.rfind("conv", 0) == 0) s += (s.empty() ? "" : ", ") + k.op + " " + DescribeKernel(k);
+  }
+  return s;
+}
+
 namespace nn_internal {
 
 std::string OpContext::Forced(const std::string& op_name, const std::string& kind, const std::string& pass) const {

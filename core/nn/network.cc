@@ -395,7 +395,7 @@ std::vector<KernelChoice> NetworkImpl::ChosenKernels() const {
 
 std::string KernelsOf(const Op& op) {
   std::string s;
-  for (const auto& k : op.Kernels()) s += (s.empty() ? "" : " ") + k.pass + "=" + k.kernel + "(" + k.impl + ")";
+  for (const auto& k : op.Kernels()) s += (s.empty() ? "" : " ") + DescribeKernel(k);
   return s;
 }
 

@@ -103,6 +103,11 @@ struct KernelChoice {
 // the same kernels without measuring (how the MPI trainer makes every rank run rank 0's choice).
 KernelOptions PinnedKernels(const std::vector<KernelChoice>& chosen);
 
+// One pass as the logs and the profile show it: "fwd=onednn(brg:avx512_core)".
+std::string DescribeKernel(const KernelChoice& k);
+// Every conv pass of `chosen`, "conv1+leaky fwd=onednn(...), conv1+leaky bwd_weights=...".
+std::string DescribeConvKernels(const std::vector<KernelChoice>& chosen);
+
 // A view of one trainable tensor owned by the network.
 struct Parameter {
   std::string name;                 // "conv0.weights", "conv0.bias", "dense0.weights", ...
