@@ -50,6 +50,9 @@ side=128; [[ " $SYNTH_ARGS " =~ \ --side[\ =]([0-9]+) ]] && side=${BASH_REMATCH[
 (( side % BIN == 0 && side / BIN % SUB_SIDE == 0 )) ||
   { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE BIN=$BIN: BIN x SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
 per_universe=$(( (side / BIN / SUB_SIDE) ** 3 ))
+# Sub-cube sets are named by their cutting (e.g. test-sub32, test-sub32-bin2): data reused from a
+# run with other SUB_SIDE or BIN are never taken for this one's.
+sub=sub$SUB_SIDE; (( BIN > 1 )) && sub+=-bin$BIN
 mkdir -p "$out/data"
 
 # Time estimates on 2 idle cores (docs/accuracy.md, "The full-resolution study", has their basis):
@@ -105,10 +108,10 @@ gen robust 24 "$N_ROBUST" $ROBUST_ARGS
 # ---- 2. sub-cubes: all four channels, the parents' labels, a group id per universe.
 stage "cosmoflow-subcubes into ${SUB_SIDE}^3 (voxels summed in ${BIN}^3 blocks)"
 for set in train val test robust; do
-  [ -d "$out/data/$set-sub" ] && continue
-  rm -rf "$out/data/$set-sub.tmp"
-  "$build/synth/cosmoflow-subcubes" --in "$out/data/$set" --out "$out/data/$set-sub.tmp" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
-  mv "$out/data/$set-sub.tmp" "$out/data/$set-sub"
+  [ -d "$out/data/$set-$sub" ] && continue
+  rm -rf "$out/data/$set-$sub.tmp"
+  "$build/synth/cosmoflow-subcubes" --in "$out/data/$set" --out "$out/data/$set-$sub.tmp" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
+  mv "$out/data/$set-$sub.tmp" "$out/data/$set-$sub"
 done
 
 # ---- 3. the P(k) baseline on the full cubes: per-redshift spectra and their cross-spectra.
@@ -135,7 +138,7 @@ else
     rm -rf "$out/run"; mkdir -p "$out/run"; echo "$settings" > "$out/run/fullres-settings"
   fi
   OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
-    --spec "$SPEC" --train "$out/data/train-sub" --val "$out/data/val-sub" --out "$out/run" --epochs "$EPOCHS" \
+    --spec "$SPEC" --train "$out/data/train-$sub" --val "$out/data/val-$sub" --out "$out/run" --epochs "$EPOCHS" \
     --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 256 \
     --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient mse \
     --covariance-gradient head --calibration power
@@ -152,15 +155,15 @@ for _ in $(seq 1 300); do [ -s "$out/grpc.port" ] && break; sleep 0.2; done
 [ -s "$out/grpc.port" ] || { echo "fullres_study.sh: the server never listened: $(tail -3 "$out/server.log")" >&2; exit 1; }
 addr=127.0.0.1:$(cat "$out/grpc.port")
 for set in val test robust; do
-  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/$set-sub" --out "$out/pred_$set.csv"
+  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/$set-$sub" --out "$out/pred_$set.csv"
 done
 # rho (the correlation between one universe's sub-cube errors) is fitted on the validation
 # universes only; the test, robustness and real cubes use that value.
-$py "$here/tools/average_subcubes.py" --pred "$out/pred_test.csv" --data "$out/data/test-sub" \
-  --out "$out/universes_test.csv" --combine "fit:$out/pred_val.csv,$out/data/val-sub"
+$py "$here/tools/average_subcubes.py" --pred "$out/pred_test.csv" --data "$out/data/test-$sub" \
+  --out "$out/universes_test.csv" --combine "fit:$out/pred_val.csv,$out/data/val-$sub"
 rho=$($py -c "import csv,sys; print(next(csv.DictReader(open(sys.argv[1])))['combine'].split('rho=')[1])" "$out/universes_test.csv")
 for set in val robust; do
-  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/$set-sub" \
+  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/$set-$sub" \
     --out "$out/universes_$set.csv" --combine "rho:$rho"
 done
 echo "   rho = $rho (fitted on the $N_VAL validation universes)"
@@ -182,11 +185,11 @@ PY
 sync "$out/real_cubes.md"
 echo "   served model: $(head -c 300 "$out/real_cubes.md")"
 if ls "$REAL_DIR"/*.tfrecord >/dev/null 2>&1; then
-  rm -rf "$out/data/real" "$out/data/real-sub"
+  rm -rf "$out/data/real" "$out/data/real-$sub"
   "$build/synth/cosmoflow-import" --out "$out/data/real" --quiet "$REAL_DIR"/*.tfrecord >/dev/null
-  "$build/synth/cosmoflow-subcubes" --in "$out/data/real" --out "$out/data/real-sub" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
-  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/real-sub" --out "$out/pred_real.csv"
-  $py "$here/tools/average_subcubes.py" --pred "$out/pred_real.csv" --data "$out/data/real-sub" \
+  "$build/synth/cosmoflow-subcubes" --in "$out/data/real" --out "$out/data/real-$sub" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
+  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/real-$sub" --out "$out/pred_real.csv"
+  $py "$here/tools/average_subcubes.py" --pred "$out/pred_real.csv" --data "$out/data/real-$sub" \
     --out "$out/universes_real.csv" --combine "rho:$rho"
   $py "$here/tools/fullres_report.py" real --universes "$out/universes_real.csv" --md "$out/real_cubes.md" \
     --json "$out/real_cubes.json"

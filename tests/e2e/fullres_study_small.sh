@@ -22,8 +22,14 @@ set -e
 set +e
 err=$(SUB_SIDE=48 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
 set -e
-[ "$rc" = 2 ] && [[ "$err" == *"SUB_SIDE=48 does not divide"* ]] || fail "SUB_SIDE=48 exited $rc: $err"
+[ "$rc" = 2 ] && [[ "$err" == *"SUB_SIDE=48 BIN=1: BIN x SUB_SIDE does not divide the cube side 128"* ]] ||
+  fail "SUB_SIDE=48 exited $rc: $err"
 [ ! -e "$work/bad" ] || fail "SUB_SIDE=48 created $work/bad"
+set +e
+err=$(BIN=8 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"SUB_SIDE=32 BIN=8: BIN x SUB_SIDE does not divide"* ]] || fail "BIN=8 exited $rc: $err"
+[ ! -e "$work/bad" ] || fail "BIN=8 created $work/bad"
 
 out=$work/run
 toy=(BUILD_DIR="$build" N_TRAIN=6 N_VAL=3 N_TEST=3 N_ROBUST=3 MEMBERS=2 EPOCHS=2 MSE_WARMUP_EPOCHS=1)
@@ -129,5 +135,19 @@ grep -q "Real cubes skipped: no MLPerf TFRecords in $work/no-such-dir" "$out/rep
   fail "report.md has no skip line without the real files"
 grep -q "Real cubes skipped" "$work/stdout2.txt" || fail "stdout does not say the real cubes were skipped"
 [ ! -e "$out/real_cubes.json" ] || fail "real_cubes.json left from the earlier run"
+
+# 2 Mpc/h sub-cubes (BIN=2) of the same universes through the trained model (TRAIN=0; its input is
+# 32^3 either way): cut into their own sets, 8 per universe, not the 64-per-universe sets above.
+env "${toy[@]}" BIN=2 TRAIN=0 REAL_DIR="$work/no-such-dir" bash "$here/tools/fullres_study.sh" "$out" > "$work/stdout3.txt"
+[ -d "$out/data/test-sub32-bin2" ] && [ -d "$out/data/test-sub32" ] || fail "BIN=2 did not cut its own sub-cube sets"
+/usr/bin/python3 - "$out" <<'PY' || fail "the BIN=2 outputs are wrong (above)"
+import csv, json, sys
+out = sys.argv[1]
+for s in ("val", "test", "robust"):
+    assert len(list(csv.DictReader(open(f"{out}/pred_{s}.csv")))) == 8 * 3, s
+    assert all(r["subcubes"] == "8" for r in csv.DictReader(open(f"{out}/universes_{s}.csv"))), s
+study = json.load(open(f"{out}/study.json"))
+assert study["bin"] == 2 and study["subcubes_per_universe"] == 8, study
+PY
 [ "$real" = 1 ] && echo "fullres_study_small: ok (real cubes predicted)" ||
   echo "fullres_study_small: ok (no real MLPerf files in $shared: the real-cube stage skipped)"
