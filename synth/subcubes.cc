@@ -83,13 +83,13 @@ DatasetInfo SubcubeInfo(const SubcubeOptions& o, const DatasetInfo& in) {
   info.box_size_mpc_h = in.box_size_mpc_h * scale;
   info.sample_fields = {kSampleGroup, kSampleSubcube, kSampleBoxSize};
   info.generator = "cosmoflow-subcubes (from " + in.generator + ")";
-  info.provenance = "cosmoflow-subcubes\ncommand: " + o.command_line + "\ninput: " + o.in +
-                    "\nvoxels summed in b^3 blocks, b = " + std::to_string(o.bin) +
-                    "\nsub-cube q = (i m + j) m + k of parent g holds coarsened voxels [i s, (i+1) s)"
-                    " x [j s, (j+1) s) x [k s, (k+1) s), s = " +
-                    std::to_string(o.side) +
-                    ", m = " + std::to_string(in.shape.width / o.bin / o.side) +
-                    "\ninput provenance:\n" + in.provenance;
+  info.provenance =
+      "cosmoflow-subcubes\ncommand: " + o.command_line + "\ninput: " + o.in +
+      "\nvoxels summed in b^3 blocks, b = " + std::to_string(o.bin) +
+      "\nsub-cube q = (i m + j) m + k of parent g holds coarsened voxels [i s, (i+1) s)"
+      " x [j s, (j+1) s) x [k s, (k+1) s), s = " +
+      std::to_string(o.side) + ", m = " + std::to_string(in.shape.width / o.bin / o.side) +
+      "\ninput provenance:\n" + in.provenance;
   return info;
 }
 

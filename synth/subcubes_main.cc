@@ -16,7 +16,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: cosmoflow-subcubes --in SHARD|DIR --out DIR|FILE.h5 [options]\n"
     "Cuts each (C, n, n, n) universe into (n/(b s))^3 sub-cubes (C, s, s, s), all channels, with\n"
-    "voxels summed in b^3 blocks first (--bin b), with the parent's labels and /sample/group (parent index), /sample/subcube and "
+    "voxels summed in b^3 blocks first (--bin b), with the parent's labels and /sample/group "
+    "(parent index), /sample/subcube and "
     "/sample/box_size_mpc_h.\n";
 
 StatusOr<SubcubeOptions> ParseFlags(int argc, char** argv, bool* help) {

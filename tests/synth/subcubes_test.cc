@@ -51,6 +51,30 @@ void WriteParents(const std::string& dir, int parents, int n) {
   }
 }
 
+// The voxel (d, h, w) of parent p, channel c, coarsened by `bin`: the sum of its bin^3 block.
+int Coarse(int p, int c, int d, int h, int w, int bin) {
+  int sum = 0;
+  for (int e = 0; e < bin * bin * bin; ++e)
+    sum += Value(p, c, d * bin + e / (bin * bin), h * bin + e / bin % bin, w * bin + e % bin);
+  return sum;
+}
+
+// Voxels of sub-cube q (side s, m per axis) of parent p that differ from the coarsened parent's
+// slice; adds the sub-cube's counts to *mass.
+int WrongVoxels(const Cube& cube, int p, int q, int m, int s, int bin, int64_t* mass) {
+  const int16_t* v = cube.int16_data();
+  const int ci = q / (m * m), cj = (q / m) % m, ck = q % m;
+  int bad = 0;
+  for (int c = 0; c < 2; ++c)
+    for (int d = 0; d < s; ++d)
+      for (int h = 0; h < s; ++h)
+        for (int x = 0; x < s; ++x, ++v) {
+          bad += *v != Coarse(p, c, ci * s + d, cj * s + h, ck * s + x, bin);
+          *mass += *v;
+        }
+  return bad;
+}
+
 TEST(SubcubesTest, SubcubesAreTheParentsSlicesWithMassGroupsAndLabels) {
   TempDir dir("subcubes");
   const int parents = 3, n = 16, s = 8, m = 2;
@@ -75,12 +99,12 @@ TEST(SubcubesTest, SubcubesAreTheParentsSlicesWithMassGroupsAndLabels) {
        box = (*r)->ReadSampleField(kSampleBoxSize);
   auto unit = (*r)->ReadAllUnitParams();
   ASSERT_TRUE(group.ok() && sub.ok() && box.ok() && unit.ok());
-  std::vector<int64_t> mass(parents * 2, 0), parent_mass(parents * 2, 0);
+  std::vector<int64_t> mass(parents, 0), parent_mass(parents, 0);
   for (int p = 0; p < parents; ++p)
     for (int c = 0; c < 2; ++c)
       for (int d = 0; d < n; ++d)
         for (int h = 0; h < n; ++h)
-          for (int x = 0; x < n; ++x) parent_mass[p * 2 + c] += Value(p, c, d, h, x);
+          for (int x = 0; x < n; ++x) parent_mass[p] += Value(p, c, d, h, x);
   for (int64_t i = 0; i < (*r)->size(); ++i) {
     const int p = static_cast<int>(i / 8), q = static_cast<int>(i % 8);
     EXPECT_EQ((*group)[i], 100 + p);
@@ -90,17 +114,8 @@ TEST(SubcubesTest, SubcubesAreTheParentsSlicesWithMassGroupsAndLabels) {
     EXPECT_FLOAT_EQ((*unit)[i * 4], 0.1f * p);
     auto cube = (*r)->ReadCube(i);
     ASSERT_TRUE(cube.ok());
-    const int16_t* v = cube->int16_data();
-    const int ci = q / (m * m), cj = (q / m) % m, ck = q % m;
-    int bad = 0;
-    for (int c = 0; c < 2; ++c)
-      for (int d = 0; d < s; ++d)
-        for (int h = 0; h < s; ++h)
-          for (int x = 0; x < s; ++x, ++v) {
-            bad += *v != Value(p, c, ci * s + d, cj * s + h, ck * s + x);
-            mass[p * 2 + c] += *v;
-          }
-    EXPECT_EQ(bad, 0) << "sub-cube " << q << " of parent " << p;
+    EXPECT_EQ(WrongVoxels(*cube, p, q, m, s, 1, &mass[p]), 0)
+        << "sub-cube " << q << " of parent " << p;
   }
   EXPECT_EQ(mass, parent_mass);  // every voxel lands in exactly one sub-cube
 }
@@ -135,21 +150,8 @@ TEST(SubcubesTest, BinnedSubcubesSumTheParentsBlocks) {
     EXPECT_DOUBLE_EQ((*box)[i], 10.0 * (p + 1) * s * b / n);
     auto cube = (*r)->ReadCube(i);
     ASSERT_TRUE(cube.ok());
-    const int16_t* v = cube->int16_data();
-    const int ci = q / (m * m), cj = (q / m) % m, ck = q % m;
-    int bad = 0;
-    for (int c = 0; c < 2; ++c)
-      for (int d = 0; d < s; ++d)
-        for (int h = 0; h < s; ++h)
-          for (int x = 0; x < s; ++x, ++v) {
-            int sum = 0;
-            for (int e = 0; e < b * b * b; ++e)
-              sum += Value(p, c, (ci * s + d) * b + e / (b * b), (cj * s + h) * b + e / b % b,
-                           (ck * s + x) * b + e % b);
-            bad += *v != sum;
-            mass += *v;
-          }
-    EXPECT_EQ(bad, 0) << "sub-cube " << q << " of parent " << p;
+    EXPECT_EQ(WrongVoxels(*cube, p, q, m, s, b, &mass), 0)
+        << "sub-cube " << q << " of parent " << p;
   }
   EXPECT_EQ(mass, parent_mass);
 }
