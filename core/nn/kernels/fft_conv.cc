@@ -51,9 +51,9 @@ struct Aligned {
 
 // A split complex array: re and im in one allocation, im a fixed n (rounded up to 16) floats
 // after re. FFTW's new-array execute applies a plan to other split arrays only if their im - re
-// equals the planned arrays' (it derives im from re by the planned distance); two separate
-// allocations give each thread's buffers a different distance, and FFTW then writes through a
-// wild pointer. One allocation per pair makes the distance a function of n alone.
+// equals the planned arrays' (FFTW manual, "New-array Execute Functions"); with re and im
+// allocated apart, each thread's buffers had their own distance and FFTW went through a wild
+// pointer. One allocation per pair makes the distance a function of n alone.
 struct Split {
   Aligned both;
   float* re = nullptr;
