@@ -224,7 +224,11 @@ t0=$(now)
 "$cluster" link "$cl" cfn2 down
 wait_line "$out" "rank 0 \(cfn1\): watchdog: no progress" 60 || fail "rank 0's watchdog did not fire within 60 s of the cut"
 t_watchdog=$(since "$t0")
-wait_line "$out" "trainer exited with 76" 60 || fail "the step did not end with the watchdog's 76"
+# Slurm may declare cfn2 failed (its cable is cut) and cancel the job before the batch script logs
+# the trainer's exit (seen under AddressSanitizer, whose slow steps lengthen the watchdog's
+# timeout); srun's line for rank 0 then carries the 76.
+wait_line "$out" "trainer exited with 76|srun: error: cfn1: task 0: Exited with exit code 76" 60 \
+  || fail "the step did not end with the watchdog's 76"
 grep -q "watchdog: probe from rank 0: rank 1 (cfn2) no answer: unreachable" "$out" \
   || fail "rank 0's watchdog did not name rank 1 on cfn2 as unreachable"
 t_exit=$(since "$t0")
@@ -235,9 +239,10 @@ awk -v t="$t_watchdog" -v l="${limit:-0}" 'BEGIN {exit !(l >= 8 && t >= l - 1 &&
   || fail "watchdog fired after $t_watchdog s (its stated timeout: ${limit:-none} s, --watchdog-timeout-s 8)"
 awk -v t="$t_exit" 'BEGIN {exit !(t < 60)}' || fail "the batch script saw the exit only after $t_exit s"
 state=$(wait_state "$jid" "FAILED|COMPLETED|CANCELLED|NODE_FAIL" 90) || fail "job $jid still $state"
-[ "$state" = FAILED ] || fail "job $jid ended $state (expected FAILED with 76, not requeued)"
+[ "$state" = FAILED ] || { [[ "$state" =~ CANCELLED|NODE_FAIL ]] && grep -q "DUE TO NODE FAILURE" "$out"; } \
+  || fail "job $jid ended $state (expected FAILED with 76, or cancelled for cfn2's node failure; not requeued)"
 restore_host2
-echo "ok d - cable of cfn2 cut at step >= 8: rank 0's watchdog (timeout $limit s) fired after $t_watchdog s naming rank 1 (cfn2) unreachable, the batch script got 76 after $t_exit s, job $jid FAILED"
+echo "ok d - cable of cfn2 cut at step >= 8: rank 0's watchdog (timeout $limit s) fired after $t_watchdog s naming rank 1 (cfn2) unreachable, exit 76 seen after $t_exit s, job $jid $state"
 
 # ---- e. cable of host 2 cut, Slurm detects the node failure, requeues, the job resumes
 run="$work/run-cut"
