@@ -4,17 +4,16 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <malloc.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "core/base/log.h"
-#include "core/nn/ensemble.h"
 #include "proto/cosmoflow.grpc.pb.h"
 #include "server/kserve.h"
 #include "server/stream_limits.h"
@@ -596,7 +595,15 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(const ServerOp
                             "' (address in use or invalid?)");
   // Nothing is served until a model is loaded and warmed up.
   server->SetServing(false);
-  server->reload_thread_ = std::thread([s = server.get()] { s->ReloadLoop(); });
+  ReloaderOptions reload;
+  reload.checkpoint = options.checkpoint;
+  reload.model.max_batch = options.max_batch;
+  reload.model.precision = options.precision;
+  reload.model.kernel_selection = options.kernel_selection;
+  reload.model.kernel_cache = options.kernel_cache;
+  reload.watch_interval = options.watch_interval;
+  server->reloader_ =
+      std::make_unique<ModelReloader>(std::move(reload), server->batcher_.get(), &server->metrics_);
   CF_LOG(INFO) << "listening on port " << server->port_
                << (options.tls_cert.empty() ? " (plaintext)" : " (TLS)")
                << (options.metrics_address.empty()
@@ -616,131 +623,18 @@ void InferenceServer::SetServing(bool serving) {
 
 InferenceServer::~InferenceServer() { Shutdown(std::chrono::milliseconds(0)); }
 
-Status InferenceServer::Install(std::shared_ptr<Model> model) {
-  metrics_.SetModel(model->version(), model->spec().name, model->checksum(),
-                    model->load_seconds(), model->loaded_at_unix_seconds());
-  batcher_->SetModel(std::move(model));
-  return Status::Ok();
-}
-
 Status InferenceServer::LoadInitialModel() {
-  {
-    // The watcher starts once a model is installed; it must then see the LATEST that this load
-    // served, not an empty one (which would reload the same checkpoint again).
-    std::lock_guard<std::mutex> lock(reload_mu_);
-    auto model = ReloadLocked(options_.checkpoint, nullptr);
-    if (!model.ok()) return model.status();
-    last_latest_ = ReadLatestPointer();
-  }
+  CF_RETURN_IF_ERROR(reloader_->LoadInitial());
   SetServing(true);
   return Status::Ok();
 }
 
 StatusOr<std::shared_ptr<Model>> InferenceServer::Reload(const std::string& path, bool* changed) {
-  std::lock_guard<std::mutex> lock(reload_mu_);
-  return ReloadLocked(path, changed);
+  return reloader_->Reload(path, changed);
 }
 
-StatusOr<std::shared_ptr<Model>> InferenceServer::ReloadLocked(const std::string& path,
-                                                               bool* changed) {
-  const std::string& target = path.empty() ? options_.checkpoint : path;
-  if (changed) *changed = false;
-  std::shared_ptr<Model> current = batcher_->model();
-  ModelOptions model_options;
-  model_options.max_batch = options_.max_batch;
-  model_options.precision = options_.precision;
-  model_options.kernel_selection = options_.kernel_selection;
-  model_options.kernel_cache = options_.kernel_cache;
-  auto model = Model::Load(target, model_options);
-  if (!model.ok()) {
-    if (current) {  // the first load is not a reload
-      metrics_.RecordReload(false);
-      CF_LOG(WARNING) << "reload refused, still serving " << current->version() << ": "
-                      << model.status().message();
-    }
-    return model.status();
-  }
-  if (current && current->version() == (*model)->version() && current->path() == (*model)->path()) {
-    metrics_.RecordReload(true);
-    return current;  // same checkpoint: keep the warm one
-  }
-  CF_RETURN_IF_ERROR(Install(*model));
-  if (current) {
-    metrics_.RecordReload(true);
-    CF_LOG(INFO) << "now serving " << (*model)->version() << " (was " << current->version() << ")";
-  }
-  if (changed) *changed = true;
-  return *model;
-}
-
-void InferenceServer::ReloadAsync(
-    const std::string& path,
-    std::function<void(const StatusOr<std::shared_ptr<Model>>&, bool changed)> done) {
-  std::lock_guard<std::mutex> lock(tasks_mu_);
-  if (stop_reload_thread_) {
-    done(UnavailableError("the server is shutting down"), false);
-    return;
-  }
-  tasks_.push_back([this, path, done = std::move(done)] {
-    bool changed = false;
-    auto model = Reload(path, &changed);
-    done(model, changed);
-  });
-  tasks_cv_.notify_one();
-}
-
-std::string InferenceServer::ReadLatestPointer() const {
-  // An ensemble is watched by its manifest's content: the trainer rewrites it atomically.
-  if (const std::string manifest = FindEnsembleManifest(options_.checkpoint); !manifest.empty()) {
-    std::ifstream in(manifest);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  struct stat st;
-  if (::stat(options_.checkpoint.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "";
-  std::ifstream in(options_.checkpoint + "/LATEST");
-  std::string name;
-  std::getline(in, name);
-  return name;
-}
-
-void InferenceServer::ReloadLoop() {
-  const auto interval = options_.watch_interval.count() > 0 ? options_.watch_interval
-                                                            : std::chrono::milliseconds(200);
-  std::unique_lock<std::mutex> lock(tasks_mu_);
-  for (;;) {
-    tasks_cv_.wait_for(lock, interval, [&] { return stop_reload_thread_ || !tasks_.empty(); });
-    while (!tasks_.empty()) {
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-    }
-    if (stop_reload_thread_) break;
-    if (!batcher_->model()) continue;  // the initial load has not happened yet
-    lock.unlock();
-    WatchOnce();
-    lock.lock();
-  }
-}
-
-void InferenceServer::WatchOnce() {
-  std::lock_guard<std::mutex> lock(reload_mu_);
-  if (reload_requested_.exchange(false)) {
-    CF_LOG(INFO) << "reload requested (SIGHUP): " << options_.checkpoint;
-    (void)ReloadLocked("", nullptr);
-    last_latest_ = ReadLatestPointer();
-  } else if (options_.watch_interval.count() > 0) {
-    std::string latest = ReadLatestPointer();
-    if (!latest.empty() && latest != last_latest_) {
-      CF_LOG(INFO) << "LATEST in " << options_.checkpoint << " now names " << latest
-                   << ": reloading";
-      last_latest_ = latest;  // a bad checkpoint is tried once, not every interval
-      (void)ReloadLocked("", nullptr);
-    }
-  }
+void InferenceServer::ReloadAsync(const std::string& path, ModelReloader::Done done) {
+  reloader_->ReloadAsync(path, std::move(done));
 }
 
 void InferenceServer::Shutdown(std::chrono::milliseconds drain) {
@@ -760,12 +654,7 @@ void InferenceServer::Shutdown(std::chrono::milliseconds drain) {
     // whatever is left at the deadline.
     server_->Shutdown(deadline);
   }
-  {
-    std::lock_guard<std::mutex> lock(tasks_mu_);
-    stop_reload_thread_ = true;
-  }
-  tasks_cv_.notify_all();
-  if (reload_thread_.joinable()) reload_thread_.join();
+  if (reloader_) reloader_->Stop();
   if (batcher_) batcher_->Stop();
   if (server_) server_->Wait();
   CF_LOG(INFO) << "server stopped";

@@ -17,12 +17,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "core/base/status.h"
 #include "core/nn/network.h"
@@ -30,6 +27,7 @@
 #include "server/batcher.h"
 #include "server/metrics.h"
 #include "server/model.h"
+#include "server/reloader.h"
 
 namespace cosmoflow {
 
@@ -91,10 +89,9 @@ class InferenceServer {
   // `changed` (optional) tells whether the served model changed.
   StatusOr<std::shared_ptr<Model>> Reload(const std::string& path, bool* changed = nullptr);
   // The same on the reload thread; `done` gets the result there.
-  void ReloadAsync(const std::string& path,
-                   std::function<void(const StatusOr<std::shared_ptr<Model>>&, bool changed)> done);
+  void ReloadAsync(const std::string& path, ModelReloader::Done done);
   // Asks the reload thread to reload options.checkpoint (what SIGHUP does). Async-signal-safe.
-  void RequestReload() { reload_requested_.store(true); }
+  void RequestReload() { reloader_->RequestReload(); }
 
   // Health NOT_SERVING; new RPCs still accepted for min(kHealthGrace, drain / 4), so that
   // health-checking clients move their next calls to other replicas without losing one already
@@ -108,13 +105,6 @@ class InferenceServer {
  private:
   class Service;
   explicit InferenceServer(const ServerOptions& options);
-  void ReloadLoop();
-  // One poll of the reload thread: a SIGHUP request, or a changed LATEST pointer.
-  void WatchOnce();
-  // Reload() with reload_mu_ held.
-  StatusOr<std::shared_ptr<Model>> ReloadLocked(const std::string& path, bool* changed);
-  Status Install(std::shared_ptr<Model> model);
-  std::string ReadLatestPointer() const;
   void SetServing(bool serving);
 
   ServerOptions options_;
@@ -127,16 +117,7 @@ class InferenceServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 
-  std::mutex reload_mu_;  // serialises loads (Reload, LoadInitialModel, the watcher)
-  // The LATEST pointer as of the last load of options.checkpoint. Guarded by reload_mu_: the
-  // caller of LoadInitialModel writes it, the reload thread reads and writes it.
-  std::string last_latest_;
-  std::atomic<bool> reload_requested_{false};
-  std::mutex tasks_mu_;  // guards tasks_ and stop_reload_thread_
-  std::condition_variable tasks_cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stop_reload_thread_ = false;
-  std::thread reload_thread_;
+  std::unique_ptr<ModelReloader> reloader_;  // the reload thread (reloader.h)
 
   std::mutex shutdown_mu_;
   std::condition_variable shutdown_cv_;
