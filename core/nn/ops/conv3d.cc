@@ -149,6 +149,19 @@ dnnl::convolution_forward::primitive_desc ChannelsLastFwd(OpContext& c, const Co
   return {};
 }
 
+// Whether oneDNN has non-reference kernels for every pass of a conv reading src_md.
+bool AllPassesReal(OpContext& c, const ConvGeom& g, const dnnl::convolution_forward::primitive_desc& fwd) {
+  if (IsRef(fwd.impl_info_str())) return false;
+  if (!c.training) return true;
+  return !IsRef(OneDnnBwdWeightsPd(c, g, fwd.src_desc(), fwd).impl_info_str()) &&
+         !IsRef(OneDnnBwdDataPd(c, g, fwd.src_desc(), fwd).impl_info_str());
+}
+
+// Whether oneDNN runs the primitive on AMX tiles.
+bool RunsOnAmx(const dnnl::convolution_forward::primitive_desc& pd) {
+  return std::string(pd.impl_info_str()).find("amx") != std::string::npos;
+}
+
 class ConvOp : public Op {
  public:
   ConvOp(OpArgs& a, const LayerSpec* leaky)
@@ -241,7 +254,17 @@ class ConvOp : public Op {
   void ChooseLayoutAndForward(OpContext& c, const dnnl::primitive_attr& attr) {
     const memory::dims in_dims = src_md.dims();
     const std::string layout = c.Forced(base_name_, "conv", "layout");
-    if (layout == "channels_last") fwd_pd_ = ChannelsLastFwd(c, g_, in_dims, attr);
+    if (layout == "channels_last") {
+      fwd_pd_ = ChannelsLastFwd(c, g_, in_dims, attr);
+    } else if (layout != "no_channels_last" && c.training && c.dt == Dt::bf16) {
+      // bf16 training on AMX: oneDNN 2.6 runs every pass on AMX tiles only on ndhwc, several
+      // times its blocked AVX512-BF16 kernels; the ops after this one then stay channels-last.
+      auto pd = ChannelsLastFwd(c, g_, in_dims, attr);
+      if (pd && RunsOnAmx(pd) && AllPassesReal(c, g_, pd)) {
+        fwd_pd_ = pd;
+        c.channels_last = true;
+      }
+    }
     if (!fwd_pd_) {
       const bool channels_last = c.channels_last && src_md == memory::desc(in_dims, c.dt, Tag::ndhwc);
       const memory::desc d_any(g_.dst_dims(), c.dt, channels_last ? Tag::ndhwc : Tag::any);
@@ -292,14 +315,6 @@ class OneDnnFwdKernel : public ConvPassKernel {
   memory weights_;
 };
 
-// Whether oneDNN has non-reference kernels for every pass of a conv reading src_md.
-bool AllPassesReal(OpContext& c, const ConvGeom& g, const dnnl::convolution_forward::primitive_desc& fwd) {
-  if (IsRef(fwd.impl_info_str())) return false;
-  if (!c.training) return true;
-  return !IsRef(OneDnnBwdWeightsPd(c, g, fwd.src_desc(), fwd).impl_info_str()) &&
-         !IsRef(OneDnnBwdDataPd(c, g, fwd.src_desc(), fwd).impl_info_str());
-}
-
 }  // namespace
 
 const std::vector<ConvCandidate>& FwdCandidates() {
@@ -319,16 +334,19 @@ int PreferredConvSrcLayout(OpContext& c, const memory::dims& dims, const LayerSp
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (pd.src_desc() == candidates[i].first && !c.training) return static_cast<int>(i);
   }
-  // fp32 training: channels-last throughout when every pass has a real kernel on ndhwc src and dst
-  // (oneDNN 2.6 runs its brgemm forward only on ndhwc, and only when dst is ndhwc too). Not for
-  // inference, bf16 or the mlperf network, where channels-last is slower.
+  // Training: channels-last throughout when every pass has a real kernel on ndhwc src and dst
+  // (oneDNN 2.6 runs its brgemm forward only on ndhwc, and only when dst is ndhwc too): always for
+  // fp32; for bf16 only where that forward runs on AMX (several times the blocked AVX512-BF16
+  // kernels), since without AMX channels-last bf16 is slower. Not for inference, where oneDNN's
+  // own choice (the first candidate it picks) is kept.
   const std::string layout = c.Forced("", "conv", "layout");
-  if (c.training && (c.dt == Dt::f32 || layout == "channels_last") && layout != "no_channels_last") {
+  if (c.training && layout != "no_channels_last") {
     const memory::desc nhwc(dims, c.dt, Tag::ndhwc);
     for (size_t i = 0; i < candidates.size(); ++i) {
       if (candidates[i].first != nhwc) continue;
       auto fwd = ChannelsLastFwd(c, g, dims, none);
-      if (fwd && AllPassesReal(c, g, fwd)) {
+      const bool wanted = c.dt == Dt::f32 || layout == "channels_last" || (fwd && RunsOnAmx(fwd));
+      if (fwd && wanted && AllPassesReal(c, g, fwd)) {
         c.channels_last = true;
         return static_cast<int>(i);
       }
