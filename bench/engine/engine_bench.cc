@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   auto& net = *net_or;
   net->SetProfiling(profile);
   const int64_t in = int64_t{spec->input_channels} * spec->input_side * spec->input_side * spec->input_side;
-  const int p = static_cast<int>(spec->outputs.size());
+  // The network's own output width: an uncertainty head writes more than one value per output.
+  const int p = static_cast<int>(spec->NetworkOutputs());
   std::vector<float> x(in * batch), y(batch * p), target(batch * p), diff(batch * p);
   std::mt19937 rng(0);
   std::uniform_real_distribution<float> u(0.f, 1.f);
