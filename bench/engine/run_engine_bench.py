@@ -27,6 +27,7 @@ MODES = [  # (mode, precision, batch)
     ("train", "bf16", 4),
     ("infer", "bf16", 1),
     ("infer", "bf16", 4),
+    ("infer", "fp32", 1),
     ("infer", "fp32", 4),
 ]
 
@@ -67,6 +68,10 @@ def main():
     if args.modes:
         want = set(args.modes.split(","))
         modes = [m for m in MODES if "%s-%s-%d" % m in want]
+        unknown = want - {"%s-%s-%d" % m for m in MODES}
+        if unknown:
+            sys.exit("run_engine_bench.py: unknown mode(s) %s; known: %s"
+                     % (",".join(sorted(unknown)), ",".join("%s-%s-%d" % m for m in MODES)))
     rows = []
     for model in args.models.split(","):
         for mode, prec, batch in modes:
