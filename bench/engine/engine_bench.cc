@@ -5,6 +5,7 @@
 //
 // A training step is what the peer's step does: forward, MSE loss gradient, backward, SGD with
 // momentum 0.9 on the fp32 master weights, refresh of the working weights.
+#include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/engine/fma_peak.h"
 #include "core/base/flags.h"
 #include "core/nn/loss.h"
 #include "core/nn/network.h"
@@ -28,7 +30,7 @@ int main(int argc, char** argv) {
   std::string model = "sc18", mode = "train", precision = "fp32", selection = "rule";
   std::string cache = DefaultKernelCachePath();
   int64_t batch64 = 4, iters64 = 5, warmup64 = 2;
-  bool profile = false, help = false;
+  bool profile = false, fma_peak = false, help = false;
   FlagParser flags;
   flags.AddString("model", &model, "built-in spec (sc18, mlperf, tiny32, small64, mlperf64) or a .json spec file");
   flags.AddString("mode", &mode, "train (forward, loss, backward, SGD step) or infer");
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
   flags.AddInt("iters", &iters64, "timed steps (the median is reported)");
   flags.AddInt("warmup", &warmup64, "untimed steps first");
   flags.AddBool("profile", &profile, "per-op time table on stderr");
+  flags.AddBool("fma-peak", &fma_peak, "also measure the fp32 FMA peak of the OpenMP threads (JSON fma_peak_gflops)");
   flags.AddString("kernel-selection", &selection, "conv kernels: measure (time every candidate, keep the fastest) or rule");
   flags.AddString("kernel-cache", &cache, "file of measured kernel timings (none: no file)");
   flags.AddBool("help", &help, "this text");
@@ -145,7 +148,9 @@ int main(int argc, char** argv) {
               model.c_str(), mode.c_str(), precision.c_str(), batch, med, batch / med, per_sample / 1e9,
               per_sample * batch / med / 1e9, ru.ru_maxrss / 1024.0);
   for (size_t i = 0; i < times.size(); ++i) std::printf("%s%.4f", i ? ", " : "", times[i]);
-  std::printf("]}\n");
+  std::printf("]");
+  if (fma_peak) std::printf(", \"fma_peak_gflops\": %.1f", MeasureFmaPeakGflops(omp_get_max_threads()));
+  std::printf("}\n");
   if (profile) std::fprintf(stderr, "%s", net->ProfileReport().c_str());
   return 0;
 }
