@@ -70,26 +70,6 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-StatusOr<ModelSpec> LoadSpec(const std::string& spec) {
-  std::error_code ec;
-  if (fs::is_regular_file(spec, ec)) {
-    std::ifstream in(spec);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto parsed = ModelSpec::FromJson(ss.str());
-    if (!parsed.ok()) return parsed.status().WithContext("--spec=" + spec);
-    Status v = parsed->Validate();
-    if (!v.ok()) return v.WithContext("--spec=" + spec);
-    return parsed;
-  }
-  auto builtin = BuiltinSpec(spec);
-  if (!builtin.ok()) {
-    return InvalidArgumentError("--spec=" + spec + ": neither a spec file nor a built-in model (" +
-                                builtin.status().message() + ")");
-  }
-  return builtin;
-}
-
 Status CheckDatasetFits(const ModelSpec& spec, const Dataset& ds, const std::string& what) {
   const CubeShape& s = ds.info().shape;
   const CubeShape want{spec.input_channels, spec.input_side, spec.input_side, spec.input_side};
@@ -318,6 +298,7 @@ Status Trainer::Setup() {
 
 Status Trainer::LoadSpecAndPrecision() {
   auto spec = LoadSpec(opt_.spec);
+  if (!spec.ok()) spec = spec.status().WithContext("--spec");
   auto precision = ParsePrecision(opt_.precision);
   Status local = !spec.ok() ? spec.status() : precision.status();
   if (local.ok() && *precision == Precision::kBf16 && !Bf16Supported()) {

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -310,15 +309,7 @@ int main(int argc, char** argv) {
     std::printf("usage: conv_accuracy [flags]\n%s", flags.Usage().c_str());
     return 0;
   }
-  StatusOr<ModelSpec> spec = NotFoundError("");
-  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".json") == 0) {
-    std::ifstream in(model);
-    std::stringstream text;
-    text << in.rdbuf();
-    spec = in ? ModelSpec::FromJson(text.str()) : NotFoundError(model + ": cannot read the spec file");
-  } else {
-    spec = BuiltinSpec(model);
-  }
+  StatusOr<ModelSpec> spec = LoadSpec(model);
   if (!spec.ok()) {
     std::fprintf(stderr, "conv_accuracy: %s\n", spec.status().message().c_str());
     return 2;

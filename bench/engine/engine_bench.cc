@@ -12,9 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -62,15 +60,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int batch = static_cast<int>(batch64), iters = static_cast<int>(iters64), warmup = static_cast<int>(warmup64);
-  StatusOr<ModelSpec> spec = NotFoundError("");
-  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".json") == 0) {
-    std::ifstream in(model);
-    std::stringstream text;
-    text << in.rdbuf();
-    spec = in ? ModelSpec::FromJson(text.str()) : NotFoundError(model + ": cannot read the spec file");
-  } else {
-    spec = BuiltinSpec(model);
-  }
+  StatusOr<ModelSpec> spec = LoadSpec(model);
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
     return 2;

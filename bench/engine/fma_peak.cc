@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 namespace cosmoflow {
 namespace {
@@ -17,32 +18,25 @@ using Vec = __m512;
 constexpr int kWidth = 16;
 inline Vec Splat(float x) { return _mm512_set1_ps(x); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float Sum(Vec v) {
-  alignas(64) float f[16];
-  _mm512_store_ps(f, v);
-  float s = 0;
-  for (float x : f) s += x;
-  return s;
-}
 #elif defined(__AVX2__) && defined(__FMA__)
 using Vec = __m256;
 constexpr int kWidth = 8;
 inline Vec Splat(float x) { return _mm256_set1_ps(x); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float Sum(Vec v) {
-  alignas(32) float f[8];
-  _mm256_store_ps(f, v);
-  float s = 0;
-  for (float x : f) s += x;
-  return s;
-}
 #else
 using Vec = float;
 constexpr int kWidth = 1;
 inline Vec Splat(float x) { return x; }
 inline Vec Fma(Vec a, Vec b, Vec c) { return a * b + c; }
-inline float Sum(Vec v) { return v; }
 #endif
+
+inline float Sum(Vec v) {
+  float f[kWidth];
+  std::memcpy(f, &v, sizeof(v));
+  float s = 0;
+  for (float x : f) s += x;
+  return s;
+}
 
 // Runs `iters` rounds of kChains FMAs; returns a value the compiler cannot drop.
 float FmaLoop(long iters, float seed) {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -489,6 +491,27 @@ void ApplyInputTransform(InputTransform t, const int16_t* counts, int64_t n, int
 void ApplyInputTransform(InputTransform t, const float* values, int64_t n, int64_t voxels_per_channel,
                          float* dst) {
   TransformImpl(t, values, n, voxels_per_channel, dst);
+}
+
+StatusOr<ModelSpec> LoadSpec(const std::string& spec) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(spec, ec)) {
+    std::ifstream in(spec);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto parsed = ModelSpec::FromJson(ss.str());
+    if (!parsed.ok()) return parsed.status().WithContext(spec);
+    Status v = parsed->Validate();
+    if (!v.ok()) return v.WithContext(spec);
+    return parsed;
+  }
+  auto builtin = BuiltinSpec(spec);
+  if (!builtin.ok()) {
+    return InvalidArgumentError(spec + ": neither a spec file nor a built-in model (" +
+                                builtin.status().message() + ")");
+  }
+  return builtin;
 }
 
 }  // namespace cosmoflow

@@ -127,6 +127,9 @@ struct ModelSpec {
 // Built-in specs: "sc18", "mlperf" (exactly as in the CosmoFlow papers), and small ones for tests
 // and the quickstart: "tiny32" (1x32^3), "small64" (1x64^3), "mlperf64" (4x64^3).
 StatusOr<ModelSpec> BuiltinSpec(const std::string& name);
+// A spec file (JSON, validated) if `name_or_file` names a regular file, else the built-in spec of
+// that name; errors name it.
+StatusOr<ModelSpec> LoadSpec(const std::string& name_or_file);
 std::vector<std::string> BuiltinSpecNames();
 
 // Default label normalisation for the CosmoFlow parameter ranges: offset = centre of the range,
