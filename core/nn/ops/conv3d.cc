@@ -5,10 +5,12 @@
 // there; otherwise it searches the usual layouts for src and dst, preferring direct kernels (no
 // reference loops, then the fewest im2col + gemm passes), and reorders src (and diff_src back).
 // On AVX2 oneDNN 2.6 has no direct 3D backward-weights kernel and its blocked layouts fall back to
-// the reference loops, so channels-last (direct forward and backward-data) wins there.
+// the reference loops, so channels-last (direct forward and backward-data) wins there. In bf16
+// training oneDNN runs its AMX kernels only on channels-last, so a bf16 training conv switches to it
+// where the channels-last forward is an AMX kernel (and keeps the blocked layout elsewhere).
 // "conv.layout" in NetworkOptions::kernels: "auto" (the above), "channels_last" (ndhwc src and dst
 // wherever oneDNN has a real forward kernel for it), "no_channels_last" (never switch a training
-// network to channels-last after the fused first block).
+// network to channels-last, after the fused first block or for AMX).
 #include "core/nn/ops/conv3d.h"
 
 #include "core/nn/ops/ops.h"

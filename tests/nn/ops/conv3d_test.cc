@@ -4,7 +4,9 @@
 #include "core/nn/kernels/first_block.h"
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "tests/nn/test_util.h"
@@ -154,6 +156,39 @@ TEST(Conv3dTest, RuleTakesOurWeightGradientOnlyWhereOneDnnUsesGemm) {
                                                   << reference[i].impl;
   }
   EXPECT_EQ(convs, 2u);
+}
+
+// Whether /proc/cpuinfo lists AMX with bf16 tiles.
+bool CpuHasAmxBf16() {
+  std::ifstream in("/proc/cpuinfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str().find(" amx_bf16") != std::string::npos;
+}
+
+// Passes of convs after the first op whose oneDNN implementation runs on AMX tiles.
+size_t AmxPasses(const Network& net) {
+  size_t n = 0;
+  for (const auto& k : net.ChosenKernels()) {
+    const bool later_conv = k.op.rfind("conv", 0) == 0 && k.op.rfind("conv0", 0) != 0;
+    n += later_conv && k.impl.find("amx") != std::string::npos ? 1 : 0;
+  }
+  return n;
+}
+
+// The rule: bf16 training goes channels-last where oneDNN runs that on AMX, so that every pass of
+// the later convs runs on AMX tiles (several times the blocked AVX512-BF16 kernels);
+// conv.layout=no_channels_last keeps the blocked layout. Gradients stay close to fp32's
+// (NetworkTest.Bf16TrainingGradientsCloseToFp32 trains the same network).
+TEST(Conv3dTest, Bf16TrainingRunsEveryLaterConvPassOnAmxWhereTheCpuHasIt) {
+  SKIP_WITHOUT_BF16();
+  if (!CpuHasAmxBf16()) GTEST_SKIP() << "this CPU has no AMX: bf16 training keeps the blocked layout";
+  const ModelSpec spec = *BuiltinSpec("tiny32");
+  auto rule = MakeNet(spec, 2, true, Precision::kBf16, 7);
+  auto blocked = MakeNet(spec, 2, true, Precision::kBf16, 7, {{"conv.layout", "no_channels_last"}});
+  ASSERT_TRUE(rule && blocked);
+  EXPECT_EQ(AmxPasses(*rule), 6u);  // conv1 and conv2: forward, backward-data, backward-weights
+  EXPECT_EQ(AmxPasses(*blocked), 0u);
 }
 
 }  // namespace
