@@ -13,6 +13,9 @@
 #   PRECISION=fp32 MSE_WARMUP_EPOCHS=2 SEED=1 SERVE_PRECISION=fp32 SYNTH_ARGS=""
 #   PRIOR="0.27,0.33;0.72,0.88;0.864,1.056;63,77" REAL_DIR=<checkout>/../shared/data/mlperf-cosmoflow
 #   BUILD_DIR=<checkout>/build TRAIN=1 (TRAIN=0 reuses a finished OUT_DIR/run)
+#   CUBE_SIDE=<the parents' side>: with SYNTH_ARGS="--side 256" and CUBE_SIDE=128 every universe is
+#   a 128^3 piece of a 256^3 parent, whose mean density differs from 1 as the real cubes' do; the
+#   N_* then count pieces (multiples of 8).
 # Data already complete in OUT_DIR/data is reused, and an interrupted training with the same
 # settings resumes where it stopped. Progress (stage, elapsed, estimate, ETA) goes
 # to stdout; the programs' own progress lines to stderr.
@@ -45,8 +48,17 @@ for b in synth/synth synth/cosmoflow-subcubes synth/cosmoflow-import trainer/cos
   [ -x "$build/$b" ] || { echo "fullres_study.sh: $build/$b missing: build first (see README)" >&2; exit 1; }
 done
 
-# Cube side of the parents (the preset's 128 unless SYNTH_ARGS says otherwise): the estimates scale with it.
-side=128; [[ " $SYNTH_ARGS " =~ \ --side[\ =]([0-9]+) ]] && side=${BASH_REMATCH[1]}
+# Side of the generated parents (the preset's 128 unless SYNTH_ARGS says otherwise) and of the
+# universes the study sees (CUBE_SIDE, pieces cut from the parents): the estimates scale with it.
+parent_side=128; [[ " $SYNTH_ARGS " =~ \ --side[\ =]([0-9]+) ]] && parent_side=${BASH_REMATCH[1]}
+side=${CUBE_SIDE:-$parent_side}
+[[ "$side" =~ ^[0-9]+$ ]] && (( side >= 1 && parent_side % side == 0 )) ||
+  { echo "fullres_study.sh: CUBE_SIDE=$side: expected a divisor of the parents' side $parent_side" >&2; exit 2; }
+pieces=$(( (parent_side / side) ** 3 ))
+for v in N_TRAIN N_VAL N_TEST N_ROBUST; do
+  (( ${!v} % pieces == 0 )) ||
+    { echo "fullres_study.sh: $v=${!v}: expected a multiple of $pieces (${side}^3 pieces per ${parent_side}^3 parent)" >&2; exit 2; }
+done
 (( side % BIN == 0 && side / BIN % SUB_SIDE == 0 )) ||
   { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE BIN=$BIN: BIN x SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
 per_universe=$(( (side / BIN / SUB_SIDE) ** 3 ))
@@ -60,11 +72,19 @@ mkdir -p "$out/data"
 # the baseline 0.15 s per universe; training 300 sub-cubes/s (validation 1000/s); serving 400
 # sub-cubes/s per member. Each scales with the voxel count.
 vol_milli=$(( 1000 * side ** 3 / 128 ** 3 ))
-robust_factor=1; [[ "$ROBUST_ARGS" == *"--pm-mesh 2"* || "$ROBUST_ARGS" == *"--pm-mesh=2"* ]] && robust_factor=4
+pm2() {  # whether synth flags $1 evolve with --pm-mesh 2 (the last --pm-mesh given wins)
+  local w prev='' mesh=1
+  for w in $1; do
+    [ "$prev" = --pm-mesh ] && mesh=$w; [[ "$w" == --pm-mesh=* ]] && mesh=${w#--pm-mesh=}; prev=$w
+  done
+  [ "$mesh" = 2 ]
+}
+synth_factor=1; pm2 "$SYNTH_ARGS" && synth_factor=4
+robust_factor=1; pm2 "$SYNTH_ARGS $ROBUST_ARGS" && robust_factor=4
 sub_total=$(( (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * per_universe ))
 names=(data subcubes baseline training serving real report)
 est=(
-  $(( (1000 * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST) * vol_milli / 1000000 + 1 ))
+  $(( (1000 * synth_factor * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST) * vol_milli / 1000000 + 1 ))
   $(( 50 * (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * vol_milli / 1000000 + 1 ))
   $(( 150 * (N_TRAIN + N_TEST + N_ROBUST) * vol_milli / 1000000 + 5 ))
   $(( MEMBERS * EPOCHS * (N_TRAIN * per_universe / 300 + N_VAL * per_universe / 1000) + 10 * MEMBERS ))
@@ -95,9 +115,17 @@ stage "synth --preset mlperf: $N_TRAIN train, $N_VAL val, $N_TEST test, $N_ROBUS
 gen() {  # set seed count extra-args...: into a temporary directory, renamed when complete
   local set=$1 seed=$2 n=$3; shift 3
   [ -d "$out/data/$set" ] && return
-  rm -rf "$out/data/$set.tmp"
-  # shellcheck disable=SC2086
-  "$build/synth/synth" --preset mlperf --out "$out/data/$set.tmp" --samples "$n" --seed "$seed" --quiet $SYNTH_ARGS "$@" >/dev/null
+  rm -rf "$out/data/$set.tmp" "$out/data/$set.parents.tmp"
+  if (( pieces == 1 )); then
+    # shellcheck disable=SC2086
+    "$build/synth/synth" --preset mlperf --out "$out/data/$set.tmp" --samples "$n" --seed "$seed" --quiet $SYNTH_ARGS "$@" >/dev/null
+  else  # one parent at a time on both cores: a 256^3 parent with --pm-mesh 2 needs 6.6 GB
+    # shellcheck disable=SC2086
+    "$build/synth/synth" --preset mlperf --out "$out/data/$set.parents.tmp" --samples $((n / pieces)) --seed "$seed" \
+      --threads-per-cube 2 --quiet $SYNTH_ARGS "$@" >/dev/null
+    "$build/synth/cosmoflow-subcubes" --in "$out/data/$set.parents.tmp" --out "$out/data/$set.tmp" --side "$side" --quiet >/dev/null
+    rm -rf "$out/data/$set.parents.tmp"
+  fi
   mv "$out/data/$set.tmp" "$out/data/$set"
   echo "   $set: $n universes after $(fmt $(( $(date +%s) - t0 )))"
 }
@@ -131,7 +159,7 @@ else
   root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
   # An interrupted run with the same settings resumes (the trainer continues each member from its
   # latest checkpoint and skips finished ones); any other run directory is replaced.
-  settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $SUB_SIDE $BIN $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED"
+  settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $side $SUB_SIDE $BIN $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED"
   if [ "$(cat "$out/run/fullres-settings" 2>/dev/null)" = "$settings" ]; then
     echo "   resuming the run in $out/run (same settings)"
   else
@@ -214,7 +242,7 @@ done
 $py - "$out/study.json" <<PY
 import json, sys
 json.dump({"n_train": $N_TRAIN, "n_val": $N_VAL, "n_test": $N_TEST, "n_robust": $N_ROBUST,
-           "robust_args": "$ROBUST_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "sub_side": $SUB_SIDE, "bin": $BIN,
+           "robust_args": "$ROBUST_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "parent_side": $parent_side, "sub_side": $SUB_SIDE, "bin": $BIN,
            "subcubes_per_universe": $per_universe, "spec": "$(basename "$SPEC")", "members": $MEMBERS,
            "epochs": $EPOCHS, "batch": $BATCH, "lr": $LR, "precision": "$PRECISION",
            "serve_precision": "$SERVE_PRECISION", "mse_warmup_epochs": $MSE_WARMUP_EPOCHS, "seed": $SEED,

@@ -31,6 +31,40 @@ set -e
 [ "$rc" = 2 ] && [[ "$err" == *"SUB_SIDE=32 BIN=8: BIN x SUB_SIDE does not divide"* ]] || fail "BIN=8 exited $rc: $err"
 [ ! -e "$work/bad" ] || fail "BIN=8 created $work/bad"
 
+set +e
+err=$(SYNTH_ARGS="--side 256" CUBE_SIDE=96 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"CUBE_SIDE=96: expected a divisor of the parents' side 256"* ]] || fail "CUBE_SIDE=96 exited $rc: $err"
+set +e
+err=$(SYNTH_ARGS="--side 256" CUBE_SIDE=128 N_VAL=12 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"N_VAL=12: expected a multiple of 8"* ]] || fail "N_VAL=12 with pieces exited $rc: $err"
+[ ! -e "$work/bad" ] || fail "a refused CUBE_SIDE created $work/bad"
+
+# Universes cut from larger parents (CUBE_SIDE): 32^3 pieces of 64^3 parents, one sub-cube each.
+# Each piece has its own mean density (as the real cubes do); the eight of a parent hold all of
+# its particles.
+pieces=$work/pieces
+env BUILD_DIR="$build" SYNTH_ARGS="--side 64" CUBE_SIDE=32 N_TRAIN=16 N_VAL=8 N_TEST=8 N_ROBUST=8 MEMBERS=1 \
+  EPOCHS=1 BATCH=4 MSE_WARMUP_EPOCHS=1 REAL_DIR="$work/no-such-dir" bash "$here/tools/fullres_study.sh" "$pieces" \
+  > "$work/stdout-pieces.txt"
+/usr/bin/python3 - "$pieces" <<'PY' || fail "the pieces run is wrong (above)"
+import csv, glob, json, sys
+import h5py
+import numpy as np
+out = sys.argv[1]
+study = json.load(open(f"{out}/study.json"))
+assert study["side"] == 32 and study["parent_side"] == 64 and study["subcubes_per_universe"] == 1, study
+for s in ("test", "robust"):
+    assert len(list(csv.DictReader(open(f"{out}/universes_{s}.csv")))) == 8, s
+    cubes = np.concatenate([h5py.File(f)["cubes"][:] for f in sorted(glob.glob(f"{out}/data/{s}/*.h5"))])
+    assert cubes.shape == (8, 4, 32, 32, 32), cubes.shape
+    means = cubes.reshape(8, 4, -1).mean(axis=2)
+    assert means.std(axis=0).min() > 1e-3, means    # the pieces' mean densities differ
+    assert np.allclose(means.mean(axis=0), 1.0), means  # the parent's 64^3 particles, all kept
+assert not glob.glob(f"{out}/data/*parents*"), "the parents were not removed"
+PY
+
 out=$work/run
 toy=(BUILD_DIR="$build" N_TRAIN=6 N_VAL=3 N_TEST=3 N_ROBUST=3 MEMBERS=2 EPOCHS=2 MSE_WARMUP_EPOCHS=1)
 env "${toy[@]}" bash "$here/tools/fullres_study.sh" "$out" | tee "$work/stdout.txt"
