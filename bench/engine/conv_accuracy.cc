@@ -218,8 +218,8 @@ struct FftRun {
 
 FftRun RunFft(const Shape& s, const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& dy) {
   FftRun r;
-  const FftConvShape fs{1, s.c, s.f, s.in, s.out, s.k, s.pad};
-  const FftConvShape bs{1, s.f, s.c, s.out, s.in, s.k, s.k - 1 - s.pad};  // backward-data as a correlation
+  const Conv3dShape fs{1, s.c, s.f, s.in, s.out, s.k, s.pad};
+  const Conv3dShape bs{1, s.f, s.c, s.out, s.in, s.k, s.k - 1 - s.pad};  // backward-data as a correlation
   r.tile_fwd = FftConv3d::TileFor(fs);
   r.tile_bwd = FftConv3d::TileFor(bs);
   if (r.tile_fwd > 0) {

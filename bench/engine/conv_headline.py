@@ -2,7 +2,7 @@
 """The fast-convolution headline: sc18's two 4^3 convs (conv1, conv2) at batch 4, all three passes
 together, as an effective rate (direct-equivalent flops / time) against the fp32 FMA peak measured
 in the same engine_bench process (--fma-peak), for each path: oneDNN's direct fp32 kernels (the
-rule), the FFT-tiled kernel forced on every pass of both convs, and bf16 (AMX or AVX512-BF16 where
+rule), the Winograd and the FFT-tiled kernels forced on every pass of both convs, and bf16 (AMX or AVX512-BF16 where
 the CPU has them). Prints a markdown table, one row per path; median step of --iters.
 
     /usr/bin/python3 bench/engine/conv_headline.py [--bench build/bench/engine/engine_bench] [--iters 3]
@@ -13,9 +13,13 @@ import os
 import subprocess
 import sys
 
-FFT_ALL = ",".join("conv%d.%s=fft" % (i, p) for i in (1, 2) for p in ("fwd", "bwd_data", "bwd_weights"))
+def forced(algo):
+    return ",".join("conv%d.%s=%s" % (i, p, algo) for i in (1, 2) for p in ("fwd", "bwd_data", "bwd_weights"))
+
+
 PATHS = [("direct fp32 (rule)", {}, "fp32"),
-         ("FFT-tiled fp32 (forced)", {"COSMOFLOW_KERNELS": FFT_ALL}, "fp32"),
+         ("Winograd fp32 (forced)", {"COSMOFLOW_KERNELS": forced("winograd")}, "fp32"),
+         ("FFT-tiled fp32 (forced)", {"COSMOFLOW_KERNELS": forced("fft")}, "fp32"),
          ("bf16 (rule)", {}, "bf16")]
 
 

@@ -13,9 +13,9 @@ namespace {
 // The values each pass key takes ("auto" is accepted everywhere).
 const std::map<std::string, std::set<std::string>>& KernelValues() {
   static const std::map<std::string, std::set<std::string>> kValues = {
-      {"fwd", {"fft", "onednn"}},
-      {"bwd_data", {"fft", "transposed", "onednn"}},
-      {"bwd_weights", {"fft", "channels_last_wgrad", "first_conv_wgrad", "onednn"}},
+      {"fwd", {"winograd", "fft", "onednn"}},
+      {"bwd_data", {"winograd", "fft", "transposed", "onednn"}},
+      {"bwd_weights", {"winograd", "fft", "channels_last_wgrad", "first_conv_wgrad", "onednn"}},
       {"layout", {"channels_last", "no_channels_last"}},
   };
   return kValues;

@@ -1,5 +1,7 @@
 #include "core/nn/kernels/fft_conv.h"
 
+#include "core/nn/kernels/aligned_floats.h"
+
 #include <fftw3.h>
 #include <omp.h>
 
@@ -37,55 +39,27 @@ constexpr double kMaxSpectrumBytes = 48.0 * 1024 * 1024;
 int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 int64_t Spectrum(int t) { return int64_t{t} * t * (t / 2 + 1); }
 
-struct Aligned {
-  float* p = nullptr;
-  int64_t n = 0;
-  void Allocate(int64_t floats) {
-    n = floats;
-    p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(RoundUp16(std::max<int64_t>(floats, 16)) * 4)));
-    if (p == nullptr) throw std::bad_alloc();
-    std::memset(p, 0, static_cast<size_t>(floats) * 4);
-  }
-  ~Aligned() { std::free(p); }
-};
-
 // A split complex array: re and im in one allocation, im a fixed n (rounded up to 16) floats
 // after re. FFTW's new-array execute applies a plan to other split arrays only if their im - re
 // equals the planned arrays' (FFTW manual, "New-array Execute Functions"); with re and im
 // allocated apart, each thread's buffers had their own distance and FFTW went through a wild
 // pointer. One allocation per pair makes the distance a function of n alone.
 struct Split {
-  Aligned both;
+  AlignedFloats both;
   float* re = nullptr;
   float* im = nullptr;
   int64_t n = 0;
   void Allocate(int64_t values) {
     n = values;
     both.Allocate(2 * RoundUp16(values));
-    re = both.p;
-    im = both.p + RoundUp16(values);
+    re = both.data();
+    im = both.data() + RoundUp16(values);
   }
 };
 
 }  // namespace
 
-ActivationLayout ActivationLayout::Planar(int64_t channels, int64_t voxels) {
-  return {channels, channels * voxels, 0, voxels, 1};
-}
-ActivationLayout ActivationLayout::ChannelsLast(int64_t channels, int64_t voxels) {
-  return {channels, channels * voxels, 0, 1, channels};
-}
-ActivationLayout ActivationLayout::Blocked(int64_t channels, int64_t voxels, int64_t block) {
-  const int64_t blocks = (channels + block - 1) / block;
-  return {block, blocks * voxels * block, voxels * block, 1, block};
-}
-
-double FftConvShape::DirectFlops() const {
-  const double o = out_side;
-  return 2.0 * kernel * kernel * kernel * in_channels * filters * o * o * o * batch;
-}
-
-double FftConv3d::FlopRatio(const FftConvShape& s, int t) {
+double FftConv3d::FlopRatio(const Conv3dShape& s, int t) {
   const int to = t - s.kernel + 1;
   if (to < 1) return 0;
   const double nt = std::ceil(double(s.out_side) / to);
@@ -95,7 +69,7 @@ double FftConv3d::FlopRatio(const FftConvShape& s, int t) {
   return s.DirectFlops() / (s.batch * nt * nt * nt * (fft + product));
 }
 
-int FftConv3d::ChooseTile(const FftConvShape& s) {
+int FftConv3d::ChooseTile(const Conv3dShape& s) {
   int best = 0;
   double best_ratio = 1.0;
   for (int t : kTiles) {
@@ -110,7 +84,7 @@ int FftConv3d::ChooseTile(const FftConvShape& s) {
   return best;
 }
 
-int FftConv3d::TileFor(const FftConvShape& s) {
+int FftConv3d::TileFor(const Conv3dShape& s) {
   if (int t = ChooseTile(s); t > 0) return t;
   for (int t : kTiles) {
     if (t >= s.kernel + 1 && 8.0 * s.in_channels * s.filters * RoundUp16(Spectrum(t)) <= kMaxSpectrumBytes) return t;
@@ -120,7 +94,7 @@ int FftConv3d::TileFor(const FftConvShape& s) {
 
 // Per-thread working memory: real tiles, and the spectra of the input and output tiles (split).
 struct FftConv3d::ThreadBuffers {
-  Aligned real;          // [tiles][max(C, F)][T^3]
+  AlignedFloats real;          // [tiles][max(C, F)][T^3]
   Split x;               // [tiles][C][tfp]
   Split y;               // [tiles][F][tfp]
   Split g;               // [F][C][tfp], the weight gradient's partial spectrum (lazily)
@@ -133,7 +107,7 @@ struct FftConv3d::Plans {
   fftwf_plan out_c2r = nullptr;   // tiles * F spectra -> real tiles
   fftwf_plan w_r2c = nullptr;     // F * C weights -> spectra
   fftwf_plan w_c2r = nullptr;     // F * C gradient spectra -> real
-  Aligned w_real;                 // [F][C][T^3]
+  AlignedFloats w_real;                 // [F][C][T^3]
   Split w;                        // the weights' spectra, [F][C][tfp] (g's size: w_c2r runs on g)
   ~Plans() {
     for (fftwf_plan p : {in_r2c, out_r2c, out_c2r, w_r2c, w_c2r}) {
@@ -211,7 +185,7 @@ void ConjProductAll(const Operand& x, int na, const Operand& w, int nb, int nk, 
 
 }  // namespace
 
-FftConv3d::FftConv3d(const FftConvShape& shape, int tile, const ActivationLayout& src, const ActivationLayout& dst)
+FftConv3d::FftConv3d(const Conv3dShape& shape, int tile, const ActivationLayout& src, const ActivationLayout& dst)
     : s_(shape), t_(tile), src_(src), dst_(dst) {
   to_ = t_ - s_.kernel + 1;
   if (to_ < 1) throw std::invalid_argument("fft conv: tile smaller than the kernel");
@@ -222,8 +196,9 @@ FftConv3d::FftConv3d(const FftConvShape& shape, int tile, const ActivationLayout
   const int64_t tiles = int64_t{s_.batch} * TilesPerSample();
   tiles_per_block_ = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(8, (tiles + threads_ - 1) / threads_)));
   const int tb = tiles_per_block_, C = s_.in_channels, F = s_.filters;
-  buffers_.resize(threads_);
-  for (auto& b : buffers_) {
+  buffers_ = std::make_unique<ThreadBuffers[]>(threads_);
+  for (int i = 0; i < threads_; ++i) {
+    ThreadBuffers& b = buffers_[i];
     b.real.Allocate(tb * std::max(C, F) * tv_);
     b.x.Allocate(tb * C * tfp_);
     b.y.Allocate(tb * F * tfp_);
@@ -234,11 +209,11 @@ FftConv3d::FftConv3d(const FftConvShape& shape, int tile, const ActivationLayout
   plans_->w_real.Allocate(int64_t{F} * C * tv_);
   ThreadBuffers& b0 = buffers_[0];
   std::lock_guard<std::mutex> lock(PlannerMutex());
-  plans_->in_r2c = PlanR2c(t_, tb * C, tfp_, b0.real.p, b0.x.re, b0.x.im);
-  plans_->out_r2c = PlanR2c(t_, tb * F, tfp_, b0.real.p, b0.y.re, b0.y.im);
-  plans_->out_c2r = PlanC2r(t_, tb * F, tfp_, b0.y.re, b0.y.im, b0.real.p);
-  plans_->w_r2c = PlanR2c(t_, F * C, tfp_, plans_->w_real.p, plans_->w.re, plans_->w.im);
-  plans_->w_c2r = PlanC2r(t_, F * C, tfp_, plans_->w.re, plans_->w.im, plans_->w_real.p);
+  plans_->in_r2c = PlanR2c(t_, tb * C, tfp_, b0.real.data(), b0.x.re, b0.x.im);
+  plans_->out_r2c = PlanR2c(t_, tb * F, tfp_, b0.real.data(), b0.y.re, b0.y.im);
+  plans_->out_c2r = PlanC2r(t_, tb * F, tfp_, b0.y.re, b0.y.im, b0.real.data());
+  plans_->w_r2c = PlanR2c(t_, F * C, tfp_, plans_->w_real.data(), plans_->w.re, plans_->w.im);
+  plans_->w_c2r = PlanC2r(t_, F * C, tfp_, plans_->w.re, plans_->w.im, plans_->w_real.data());
   for (fftwf_plan p : {plans_->in_r2c, plans_->out_r2c, plans_->out_c2r, plans_->w_r2c, plans_->w_c2r}) {
     if (p == nullptr) throw std::runtime_error("fft conv: FFTW could not plan the tile transforms");
   }
@@ -247,14 +222,17 @@ FftConv3d::FftConv3d(const FftConvShape& shape, int tile, const ActivationLayout
 FftConv3d::~FftConv3d() = default;
 
 int64_t FftConv3d::WorkspaceBytes() const {
-  int64_t floats = 2 * plans_->w.n + plans_->w_real.n;
-  for (const auto& b : buffers_) floats += b.real.n + b.x.n * 2 + b.y.n * 2 + b.g.n * 2;
+  int64_t floats = 2 * plans_->w.n + plans_->w_real.size();
+  for (int i = 0; i < threads_; ++i) {
+    const ThreadBuffers& b = buffers_[i];
+    floats += b.real.size() + b.x.n * 2 + b.y.n * 2 + b.g.n * 2;
+  }
   return floats * 4;
 }
 
 void FftConv3d::SetWeights(const float* w, bool flip_transpose) {
   const int C = s_.in_channels, F = s_.filters, k = s_.kernel, k3 = k * k * k;
-  float* real = plans_->w_real.p;
+  float* real = plans_->w_real.data();
   std::memset(real, 0, static_cast<size_t>(F) * C * tv_ * 4);
   for (int f = 0; f < F; ++f) {
     for (int c = 0; c < C; ++c) {
@@ -305,12 +283,12 @@ void FftConv3d::InputSpectra(const float* src, int64_t first, int count, ThreadB
   const int C = s_.in_channels;
   for (int i = 0; i < tiles_per_block_; ++i) {
     if (i < count) {
-      Gather(src, src_, C, s_.in_side, first + i, true, b.real.p + int64_t{i} * C * tv_);
+      Gather(src, src_, C, s_.in_side, first + i, true, b.real.data() + int64_t{i} * C * tv_);
     } else {
-      std::memset(b.real.p + int64_t{i} * C * tv_, 0, static_cast<size_t>(C) * tv_ * 4);
+      std::memset(b.real.data() + int64_t{i} * C * tv_, 0, static_cast<size_t>(C) * tv_ * 4);
     }
   }
-  fftwf_execute_split_dft_r2c(plans_->in_r2c, b.real.p, b.x.re, b.x.im);
+  fftwf_execute_split_dft_r2c(plans_->in_r2c, b.real.data(), b.x.re, b.x.im);
 }
 
 void FftConv3d::Forward(const float* src, float* dst, const float* bias, float alpha) const {
@@ -327,14 +305,14 @@ void FftConv3d::Forward(const float* src, float* dst, const float* bias, float a
     // y[t][f] = sum_c x[t][c] conj(w[f][c])
     ConjProductAll({b.x.re, b.x.im, C * tfp_, tfp_}, tb, {plans_->w.re, plans_->w.im, C * tfp_, tfp_}, F, C, tfp_, b.y.re,
                    b.y.im, false);
-    fftwf_execute_split_dft_c2r(plans_->out_c2r, b.y.re, b.y.im, b.real.p);
+    fftwf_execute_split_dft_c2r(plans_->out_c2r, b.y.re, b.y.im, b.real.data());
     for (int i = 0; i < count; ++i) {
       const int64_t tile = first + i, n = tile / TilesPerSample(), r = tile % TilesPerSample();
       const int od0 = static_cast<int>(r / (int64_t{nt_} * nt_)) * to_, oh0 = static_cast<int>(r / nt_ % nt_) * to_,
                 ow0 = static_cast<int>(r % nt_) * to_;
       const int dn = std::min(to_, O - od0), hn = std::min(to_, O - oh0), wn = std::min(to_, O - ow0);
       for (int f = 0; f < F; ++f) {
-        const float* yt = b.real.p + (int64_t{i} * F + f) * tv_;
+        const float* yt = b.real.data() + (int64_t{i} * F + f) * tv_;
         const float bf = bias ? bias[f] : 0.f;
         for (int a = 0; a < dn; ++a) {
           for (int c = 0; c < hn; ++c) {
@@ -356,7 +334,8 @@ void FftConv3d::BackwardWeights(const float* src, const float* diff_dst, float* 
   const int C = s_.in_channels, F = s_.filters, O = s_.out_side, k = s_.kernel, tb = tiles_per_block_;
   const int64_t tiles = int64_t{s_.batch} * TilesPerSample();
   const int64_t blocks = (tiles + tb - 1) / tb;
-  for (auto& b : buffers_) {
+  for (int i = 0; i < threads_; ++i) {
+    ThreadBuffers& b = buffers_[i];
     if (b.g.re == nullptr) b.g.Allocate(int64_t{F} * C * tfp_);
     std::memset(b.g.re, 0, static_cast<size_t>(b.g.n) * 4);
     std::memset(b.g.im, 0, static_cast<size_t>(b.g.n) * 4);
@@ -369,7 +348,7 @@ void FftConv3d::BackwardWeights(const float* src, const float* diff_dst, float* 
     const int64_t first = blk * tb;
     const int count = static_cast<int>(std::min<int64_t>(tb, tiles - first));
     for (int i = 0; i < tb; ++i) {
-      float* dy = b.real.p + int64_t{i} * F * tv_;
+      float* dy = b.real.data() + int64_t{i} * F * tv_;
       if (i >= count) {
         std::memset(dy, 0, static_cast<size_t>(F) * tv_ * 4);
         continue;
@@ -381,7 +360,7 @@ void FftConv3d::BackwardWeights(const float* src, const float* diff_dst, float* 
         b.bias[f] += s;
       }
     }
-    fftwf_execute_split_dft_r2c(plans_->out_r2c, b.real.p, b.y.re, b.y.im);
+    fftwf_execute_split_dft_r2c(plans_->out_r2c, b.real.data(), b.y.re, b.y.im);
     InputSpectra(src, first, count, b);
     // g[c][f] += sum_t x[t][c] conj(dy[t][f]): the correlation of input and output gradient.
     ConjProductAll({b.x.re, b.x.im, tfp_, C * tfp_}, C, {b.y.re, b.y.im, tfp_, F * tfp_}, F, tb, tfp_, b.g.re,
@@ -393,7 +372,7 @@ void FftConv3d::BackwardWeights(const float* src, const float* diff_dst, float* 
     for (int64_t i = 0; i < b0.g.n; ++i) b0.g.re[i] += buffers_[t].g.re[i], b0.g.im[i] += buffers_[t].g.im[i];
     for (int f = 0; f < F; ++f) b0.bias[f] += buffers_[t].bias[f];
   }
-  float* real = plans_->w_real.p;
+  float* real = plans_->w_real.data();
   fftwf_execute_split_dft_c2r(plans_->w_c2r, b0.g.re, b0.g.im, real);
   const float scale = 1.f / static_cast<float>(tv_);
   const int k3 = k * k * k;

@@ -25,44 +25,22 @@
 #include <memory>
 #include <vector>
 
+#include "core/nn/kernels/conv_geometry.h"
+
 namespace cosmoflow {
-
-// Strides of a 5-D activation (n, c, d, h, w) whose channels are split in blocks of `block`:
-// offset = n * n_stride + (c / block) * block_stride + (c % block) * c_stride + voxel * voxel_stride.
-struct ActivationLayout {
-  int64_t block = 1;
-  int64_t n_stride = 0, block_stride = 0, c_stride = 0, voxel_stride = 0;
-  int64_t Offset(int64_t n, int64_t c, int64_t voxel) const {
-    return n * n_stride + (c / block) * block_stride + (c % block) * c_stride + voxel * voxel_stride;
-  }
-  static ActivationLayout Planar(int64_t channels, int64_t voxels);        // NCDHW
-  static ActivationLayout ChannelsLast(int64_t channels, int64_t voxels);  // NDHWC
-  static ActivationLayout Blocked(int64_t channels, int64_t voxels, int64_t block);  // nCdhw<b>c
-};
-
-struct FftConvShape {
-  int batch = 1;
-  int in_channels = 1;
-  int filters = 1;
-  int in_side = 1;
-  int out_side = 1;
-  int kernel = 1;
-  int pad_left = 0;  // input voxel of output 0, tap 0 is -pad_left
-  double DirectFlops() const;  // 2 k^3 C F O^3 per batch, as the network counts
-};
 
 class FftConv3d {
  public:
   // The tile side T minimising the modelled cost, or 0 when FFT tiling would not save work.
-  static int ChooseTile(const FftConvShape& s);
+  static int ChooseTile(const Conv3dShape& s);
   // ChooseTile's tile, or where FFT tiling saves nothing the smallest tile that fits the kernel
   // (forced runs); 0 when the spectra would exceed the memory cap.
-  static int TileFor(const FftConvShape& s);
+  static int TileFor(const Conv3dShape& s);
   // Direct flops / modelled FFT-path cost with tile T, in product-flop units (an FFT flop counts as
   // several: the rule's measure of the gain).
-  static double FlopRatio(const FftConvShape& s, int tile);
+  static double FlopRatio(const Conv3dShape& s, int tile);
 
-  FftConv3d(const FftConvShape& shape, int tile, const ActivationLayout& src, const ActivationLayout& dst);
+  FftConv3d(const Conv3dShape& shape, int tile, const ActivationLayout& src, const ActivationLayout& dst);
   ~FftConv3d();
   FftConv3d(const FftConv3d&) = delete;
   FftConv3d& operator=(const FftConv3d&) = delete;
@@ -88,7 +66,7 @@ class FftConv3d {
   void InputSpectra(const float* src, int64_t first, int count, ThreadBuffers& b) const;
   int64_t TilesPerSample() const { return int64_t{nt_} * nt_ * nt_; }
 
-  FftConvShape s_;
+  Conv3dShape s_;
   int t_ = 0, to_ = 0, nt_ = 0;
   int64_t tv_ = 0;   // T^3 real values per tile
   int64_t tfp_ = 0;  // complex values per tile spectrum, padded to a multiple of 16
@@ -96,7 +74,7 @@ class FftConv3d {
   int tiles_per_block_ = 4;
   ActivationLayout src_, dst_;
   std::unique_ptr<Plans> plans_;
-  mutable std::vector<ThreadBuffers> buffers_;
+  std::unique_ptr<ThreadBuffers[]> buffers_;
 };
 
 }  // namespace cosmoflow

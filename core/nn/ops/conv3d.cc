@@ -321,6 +321,7 @@ class OneDnnFwdKernel : public ConvPassKernel {
 
 const std::vector<ConvCandidate>& FwdCandidates() {
   static const std::vector<ConvCandidate> kList = {
+      WinogradFwdCandidate(),
       FftFwdCandidate(),
       {"onednn", [](const ConvSetup&) { return true; }, [](const ConvSetup&) { return true; },
        [](const ConvSetup& s) -> std::unique_ptr<ConvPassKernel> { return std::make_unique<OneDnnFwdKernel>(s); }},

@@ -8,9 +8,10 @@
 // measurement the fastest supported candidate as timed on the real descs (conv3d_measure.cc). The
 // last candidate of every list (oneDNN's primitive) supports everything, so there is always a choice.
 //   pass         candidates (list order)
-//   fwd          fft (FFT-tiled, conv3d_fft.cc), onednn (direct convolution, layout chosen by ConvOp)
-//   bwd_data     fft, transposed (a forward conv of the transposed problem), onednn
-//   bwd_weights  fft, channels_last_wgrad, first_conv_wgrad (our direct kernels), onednn
+//   fwd          winograd, fft (the tiled kernels, conv3d_tiled.cc), onednn (direct convolution,
+//                layout chosen by ConvOp)
+//   bwd_data     winograd, fft, transposed (a forward conv of the transposed problem), onednn
+//   bwd_weights  winograd, fft, channels_last_wgrad, first_conv_wgrad (our direct kernels), onednn
 #pragma once
 
 #include <cstdint>
@@ -75,10 +76,13 @@ struct ConvCandidate {
 const std::vector<ConvCandidate>& FwdCandidates();         // conv3d.cc
 const std::vector<ConvCandidate>& BwdDataCandidates();     // conv3d_bwd_data.cc
 const std::vector<ConvCandidate>& BwdWeightsCandidates();  // conv3d_bwd_weights.cc
-// The FFT-tiled candidates of the three passes (conv3d_fft.cc).
+// The tiled candidates of the three passes (conv3d_tiled.cc): FFT-tiled and Winograd.
 ConvCandidate FftFwdCandidate();
 ConvCandidate FftBwdDataCandidate();
 ConvCandidate FftBwdWeightsCandidate();
+ConvCandidate WinogradFwdCandidate();
+ConvCandidate WinogradBwdDataCandidate();
+ConvCandidate WinogradBwdWeightsCandidate();
 
 // The chosen entry's index for `pass` ("fwd", "bwd_data", "bwd_weights"): the forced candidate if
 // it supports the problem; else with s.ctx.selection = kRule the first supported candidate the rule

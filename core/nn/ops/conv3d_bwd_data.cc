@@ -6,7 +6,7 @@
 //               more input channels, or in bf16, it is no faster, so the rule takes it for fp32
 //               convs with at most 16 input channels.
 //   onednn      oneDNN's backward-data primitive.
-// (and fft, the FFT-tiled correlation of conv3d_fft.cc, first in the list)
+// (and winograd and fft, the tiled correlations of conv3d_tiled.cc, first in the list)
 #include <memory>
 
 #include "core/nn/ops/conv3d.h"
@@ -110,6 +110,7 @@ class OneDnnKernel : public ConvPassKernel {
 
 const std::vector<ConvCandidate>& BwdDataCandidates() {
   static const std::vector<ConvCandidate> kList = {
+      WinogradBwdDataCandidate(),
       FftBwdDataCandidate(),
       {"transposed", [](const ConvSetup& s) { return s.g.stride == 1 && bool(TransposedPd(s)); },
        [](const ConvSetup& s) { return s.ctx.dt == Dt::f32 && s.g.ic <= 16; },

@@ -4,7 +4,7 @@
 //   channels_last_wgrad  any stride-1 conv with C % 16 == 0 (F % 4 == 0) or C == 4 (F % 16 == 0)
 //   first_conv_wgrad     the network's first conv with 1-4 channels and 16 filters (a planar copy)
 //   onednn               oneDNN's primitive, reordered to the plain gradient
-// (and fft, the FFT-tiled correlation of conv3d_fft.cc, first in the list)
+// (and winograd and fft, the tiled correlations of conv3d_tiled.cc, first in the list)
 #include <memory>
 
 #include "core/nn/kernels/conv_wgrad.h"
@@ -81,6 +81,7 @@ class OneDnnKernel : public ConvPassKernel {
 
 const std::vector<ConvCandidate>& BwdWeightsCandidates() {
   static const std::vector<ConvCandidate> kList = {
+      WinogradBwdWeightsCandidate(),
       FftBwdWeightsCandidate(),
       {"channels_last_wgrad",
        [](const ConvSetup& s) {

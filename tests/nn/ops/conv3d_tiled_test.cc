@@ -1,6 +1,6 @@
-// conv3d's FFT-tiled candidates inside the network: forced for each pass, they run (asserted),
-// agree with oneDNN's kernels and match finite differences; a whole small network trains to the
-// same loss with direct and FFT kernels.
+// conv3d's tiled candidates (FFT-tiled and Winograd) inside the network: forced for each pass, they
+// run (asserted), agree with oneDNN's kernels and match finite differences; a whole small network
+// trains to the same loss with direct and tiled kernels.
 #include <gtest/gtest.h>
 
 #include "tests/nn/test_util.h"
@@ -10,27 +10,32 @@ namespace {
 
 using namespace cosmoflow::testing;  // NOLINT
 
-const KernelOptions kFft = {{"conv.fwd", "fft"}, {"conv.bwd_data", "fft"}, {"conv.bwd_weights", "fft"}};
+KernelOptions Forced(const std::string& algo) {
+  return {{"conv.fwd", algo}, {"conv.bwd_data", algo}, {"conv.bwd_weights", algo}};
+}
 const KernelOptions kDirect = {{"conv.fwd", "onednn"}, {"conv.bwd_data", "onednn"}, {"conv.bwd_weights", "onednn"}};
 
 // 2 -> 16 (k4 VALID) -> 16 (k3 SAME) -> 32 (k2 VALID) with leaky ReLUs and a pool: every kernel
 // size the specs use, both paddings, blocked and planar layouts as oneDNN picks them.
-ModelSpec FftSpec() {
+ModelSpec TiledSpec() {
   return MakeSpec(2, 14, {ConvL(16, 4), LeakyL(0.1f), ConvL(16, 3, 1, true), LeakyL(0.1f), PoolL(false, 2),
                           ConvL(32, 2), LeakyL(0.1f), FlattenL(), DenseL(3)}, 3);
 }
 
-TEST(Conv3dFftTest, ForcedFftRunsAndAgreesWithOneDnn) {
-  ModelSpec spec = FftSpec();
+class Conv3dTiledTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Conv3dTiledTest, ForcedRunsAndAgreesWithOneDnn) {
+  const std::string algo = GetParam();
+  ModelSpec spec = TiledSpec();
   ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
-  OursAndOneDnn run = RunOursAndOneDnn(spec, 2, kFft, kDirect, 61);
+  OursAndOneDnn run = RunOursAndOneDnn(spec, 2, Forced(algo), kDirect, 61);
   ASSERT_TRUE(run.ours && run.onednn);
   const size_t convs = 3;
-  if (CountKernel(*run.ours, "fwd", "fft") == 0) GTEST_SKIP() << "no conv here has a layout the FFT kernel reads";
-  EXPECT_EQ(CountKernel(*run.ours, "fwd", "fft"), convs);
-  EXPECT_EQ(CountKernel(*run.ours, "bwd_weights", "fft"), convs);
-  EXPECT_EQ(CountKernel(*run.ours, "bwd_data", "fft"), convs - 1);  // not the first conv
-  EXPECT_EQ(CountKernel(*run.onednn, "", "fft"), 0u);
+  if (CountKernel(*run.ours, "fwd", algo) == 0) GTEST_SKIP() << "no conv here has a layout the " << algo << " kernel reads";
+  EXPECT_EQ(CountKernel(*run.ours, "fwd", algo), convs);
+  EXPECT_EQ(CountKernel(*run.ours, "bwd_weights", algo), convs);
+  EXPECT_EQ(CountKernel(*run.ours, "bwd_data", algo), convs - 1);  // not the first conv
+  EXPECT_EQ(CountKernel(*run.onednn, "", algo), 0u);
   ExpectSameGradients(*run.ours, *run.onednn, 2e-4);
   // And the forward outputs.
   auto x = RandomVector(InputSize(spec) * 2, 62, 0.f, 2.f);
@@ -40,21 +45,21 @@ TEST(Conv3dFftTest, ForcedFftRunsAndAgreesWithOneDnn) {
   for (int i = 0; i < 6; ++i) EXPECT_NEAR(a[i], b[i], 1e-4f * (1 + std::abs(b[i])));
 }
 
-TEST(Conv3dFftTest, FftGradientsMatchFiniteDifferences) {
-  ExpectGradientsMatchFiniteDifferences(FftSpec(), 2, 16, 2e-3, 5, kFft);
+TEST_P(Conv3dTiledTest, GradientsMatchFiniteDifferences) {
+  ExpectGradientsMatchFiniteDifferences(TiledSpec(), 2, 16, 2e-3, 5, Forced(GetParam()));
 }
 
-TEST(Conv3dFftTest, TrainsToTheSameLossAsDirectKernels) {
+TEST_P(Conv3dTiledTest, TrainsToTheSameLossAsDirectKernels) {
   // 40 SGD steps on a fixed regression problem: the losses of the two paths stay within 1%, and
   // training did reduce the loss.
-  ModelSpec spec = FftSpec();
+  ModelSpec spec = TiledSpec();
   const int batch = 4;
-  auto fft = MakeTrainingNet(spec, batch, kFft), direct = MakeTrainingNet(spec, batch, kDirect);
-  ASSERT_TRUE(fft && direct);
+  auto tiled = MakeTrainingNet(spec, batch, Forced(GetParam())), direct = MakeTrainingNet(spec, batch, kDirect);
+  ASSERT_TRUE(tiled && direct);
   auto x = RandomVector(InputSize(spec) * batch, 71, 0.f, 2.f);
   auto target = RandomVector(batch * 3, 72, -0.5f, 0.5f);
   double first[2] = {0, 0}, last[2] = {0, 0};
-  Network* nets[2] = {fft.get(), direct.get()};
+  Network* nets[2] = {tiled.get(), direct.get()};
   for (int m = 0; m < 2; ++m) {
     std::vector<float> y(batch * 3), d(batch * 3);
     for (int step = 0; step < 40; ++step) {
@@ -73,9 +78,11 @@ TEST(Conv3dFftTest, TrainsToTheSameLossAsDirectKernels) {
       last[m] = loss;
     }
   }
-  EXPECT_NEAR(last[0], last[1], 0.01 * last[1] + 1e-6) << "fft " << last[0] << " direct " << last[1];
+  EXPECT_NEAR(last[0], last[1], 0.01 * last[1] + 1e-6) << GetParam() << " " << last[0] << " direct " << last[1];
   EXPECT_LT(last[1], 0.5 * first[1]);
 }
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, Conv3dTiledTest, ::testing::Values("fft", "winograd"));
 
 }  // namespace
 }  // namespace cosmoflow

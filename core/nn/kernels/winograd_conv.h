@@ -1,0 +1,84 @@
+// Winograd-tiled 3D convolution F(m^3, k^3), fp32, stride 1: the forward pass, and through it the
+// backward-data pass, and the backward-weights pass.
+//
+// The correlation y[n][f][o] = sum_c sum_i x[n][c][o + i - pad] w[f][c][i] (Conv3dShape) is cut
+// into output tiles of m^3 voxels, each reading an input tile of a^3 voxels (a = m + k - 1 = 6:
+// m = 3 for k = 4, 4 for k = 3, 5 for k = 2; the kernel sides the specs use). In one dimension y = A^T [(G w) . (B^T x)] with
+// Toom-Cook matrices on the points 0, 1, -1, 1/2, -1/2 and infinity (B^T a x a, G a x k, A^T m x a);
+// in three the transforms apply along each axis. Per transformed point (a^3 of them) the sum over
+// input channels is a real matrix product (tiles x C) x (C x F), run from registers, vectorised
+// over 16 filters; the transforms are vectorised over 16 channels. A 4^3 kernel then costs 216
+// products per 27 outputs and channel pair instead of 1,728.
+//
+// The weight gradient is the correlation F(k^3, m^3) of input and output-gradient tiles: the input
+// tiles' transform is the forward's (B^T), the output-gradient tiles' transform is A (the forward's
+// output transform, transposed), the products are summed over tiles (a matrix product whose inner
+// dimension is the tiles) and G^T turns the a^3 sums into the k^3 taps once per (f, c).
+//
+// The transforms use the points' +- symmetry (a row for -a is the even part minus the odd part of
+// the row for +a): about half the multiply-adds of dense 6 x 6 products.
+// Accuracy: a few times fp32 direct convolution's error, within 5e-5 of the output's scale
+// (tests/nn/kernels/winograd_conv_test.cc; bench/engine/conv_accuracy measures sc18's shapes).
+// Layouts: any ActivationLayout. Threads: OpenMP over blocks of tiles, each thread with its own
+// buffers; the weight gradient's per-thread partial sums are added in thread order, so results are
+// bit-reproducible for a fixed thread count. Everything is allocated at construction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/nn/kernels/conv_geometry.h"
+
+namespace cosmoflow {
+
+class WinogradConv3d {
+ public:
+  static constexpr int kPoints = 6;  // a: transformed points per axis
+  // The output tile side for a kernel side k (a - k + 1), or 0 when k is outside [2, 4].
+  static int OutputTile(int kernel);
+  // Direct flops / the Winograd path's multiply-add flops (transforms included): the rule's measure.
+  static double FlopRatio(const Conv3dShape& s);
+
+  WinogradConv3d(const Conv3dShape& shape, const ActivationLayout& src, const ActivationLayout& dst);
+  ~WinogradConv3d();
+  WinogradConv3d(const WinogradConv3d&) = delete;
+  WinogradConv3d& operator=(const WinogradConv3d&) = delete;
+
+  // w: filters x in_channels x k^3, plain (OIDHW). With flip_transpose, w is the kernel of the
+  // convolution whose backward-data this is: in_channels x filters x k^3, used transposed and
+  // flipped in space. Call after every change of the weights.
+  void SetWeights(const float* w, bool flip_transpose = false);
+  // dst = correlation(src, w) (+ bias[f] if bias) then leaky ReLU with slope alpha when alpha >= 0.
+  void Forward(const float* src, float* dst, const float* bias, float alpha) const;
+  // Weight and bias gradients from src (src layout) and diff_dst (dst layout): overwrites
+  // grad_w (filters x in_channels x k^3 plain) and grad_b (filters; skipped when null).
+  void BackwardWeights(const float* src, const float* diff_dst, float* grad_w, float* grad_b) const;
+
+  int tile() const { return m_; }
+  int64_t WorkspaceBytes() const;
+
+ private:
+  struct Buffers;
+  struct TileOrigin {
+    int64_t n;
+    int d, h, w;  // output voxel of the tile's corner
+  };
+  TileOrigin Origin(int64_t tile) const;
+  void InputTransform(const float* src, int64_t tile, int slot, Buffers& b) const;
+  void OutputGradientTransform(const float* diff_dst, int64_t tile, int slot, Buffers& b, double* bias_sum) const;
+  void OutputTransform(int64_t tile, int slot, const float* bias, float alpha, float* dst, Buffers& b) const;
+
+  Conv3dShape s_;
+  int m_ = 0, nt_ = 0;
+  int cp_ = 0, fp_ = 0;  // channels and filters rounded up to 16
+  int tiles_per_block_ = 8;
+  int threads_ = 1;
+  ActivationLayout src_, dst_;
+  std::vector<float> bt_, at_, g_;  // B^T (a x a), A^T (m x a), G (a x k), row-major
+  std::unique_ptr<Buffers[]> buffers_;
+  float* u_ = nullptr;  // transformed weights, [a^3][cp][fp]
+  std::vector<float> u_storage_;
+};
+
+}  // namespace cosmoflow
