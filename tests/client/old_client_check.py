@@ -34,6 +34,10 @@ values = {p.name: p.value for p in single.parameters}
 batch = stub.PredictBatch(pb.PredictBatchRequest(requests=[pb.PredictRequest(cube=msg)] * 2), timeout=30)
 stream = list(stub.PredictStream(iter([pb.PredictRequest(request_id="s", cube=msg)]), timeout=30))
 assert len(stream) == 1 and stream[0].code == 0, stream
+# Batch and stream requests may run in a network of another batch size, whose kernels block the
+# work differently (oneDNN's as ours): equal to fp32 rounding, not bit for bit.
 for r in list(batch.responses) + [stream[0].result]:
-    assert {p.name: p.value for p in r.parameters} == values, (r, values)
+    got = {p.name: p.value for p in r.parameters}
+    assert got.keys() == values.keys() and all(abs(got[k] - v) <= 1e-5 * (1 + abs(v)) for k, v in values.items()), \
+        (r, values)
 print(json.dumps(values))

@@ -265,6 +265,11 @@ struct WinogradConv3d::Buffers {
 // output's scale; the specs use 2, 3 and 4.
 int WinogradConv3d::OutputTile(int kernel) { return kernel >= 2 && kernel <= 4 ? kA - kernel + 1 : 0; }
 
+bool WinogradConv3d::Supports(const Conv3dShape& s) {
+  return OutputTile(s.kernel) > 0 &&
+         int64_t{kA3} * RoundUp16(s.in_channels) * RoundUp16(s.filters) * 4 <= kMaxTransformedBytes;
+}
+
 double WinogradConv3d::FlopRatio(const Conv3dShape& s) {
   const int m = OutputTile(s.kernel);
   if (m == 0) return 0;

@@ -37,6 +37,12 @@ class WinogradConv3d {
   static constexpr int kPoints = 6;  // a: transformed points per axis
   // The output tile side for a kernel side k (a - k + 1), or 0 when k is outside [2, 4].
   static int OutputTile(int kernel);
+  // Whether the kernel takes the problem: a kernel side with an output tile, and transformed
+  // weights (a^3 x C x F floats, as are each thread's weight-gradient sums) within
+  // kMaxTransformedBytes: wide layers of small cubes (mlperf's last convs) would need several
+  // times their weights' memory, and gain nothing.
+  static constexpr int64_t kMaxTransformedBytes = int64_t{16} << 20;
+  static bool Supports(const Conv3dShape& s);
   // Direct flops / the Winograd path's multiply-add flops (transforms included): the rule's measure.
   static double FlopRatio(const Conv3dShape& s);
 

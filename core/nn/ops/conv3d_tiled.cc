@@ -1,11 +1,15 @@
 // The tiled fp32 candidates of conv3d's three passes: FFT-tiled (core/nn/kernels/fft_conv.h) and
 // Winograd (core/nn/kernels/winograd_conv.h). Both need fp32, stride 1, and src and dst in a layout
 // the kernels read (planar, channels-last, or blocked by 8 or 16 with whole blocks); FFT any kernel
-// size with a tile within its memory cap, Winograd kernel sides 2 to 5. backward-data is the
-// forward correlation of diff_dst with the weights transposed and flipped.
-// The rule takes FFT when its modelled flop ratio is at least kMinFftFlopRatio and Winograd when
-// its is at least kMinWinogradFlopRatio; everywhere else they run only when forced
-// ("conv.fwd=fft", "conv.bwd_weights=winograd", ...) or chosen by measurement.
+// size with a tile within its memory cap, Winograd kernel sides 2 to 4 and transformed weights
+// within its memory cap. backward-data is the forward correlation of diff_dst with the weights
+// transposed and flipped.
+// The rule takes Winograd
+// where its modelled flop ratio (transforms and the padding of channels to 16 counted) is at least
+// kMinWinogradFlopRatio: sc18's 4^3 convs and mlperf's 3^3 convs from 32 channels on, which it
+// runs 1.4-2.6x faster than oneDNN's direct kernels in every pass (docs/benchmarks.md); not
+// layers of few input channels (mlperf's first conv, 4 channels padded to 16, ratio 0.96). FFT
+// runs only when forced ("conv.fwd=fft", ...) or chosen by measurement: it loses every pass.
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,9 +25,9 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 using Dt = memory::data_type;
 
-// Below this direct / FFT flop ratio the FFT path's memory traffic eats the saving.
+// FFTW's transforms run too slowly for the FFT path to win anywhere measured.
 constexpr double kMinFftFlopRatio = 1e30;
-constexpr double kMinWinogradFlopRatio = 1e30;
+constexpr double kMinWinogradFlopRatio = 3.0;
 
 std::optional<ActivationLayout> LayoutOf(const memory::desc& md) {
   const memory::dims d = md.dims();
@@ -68,7 +72,7 @@ struct Fft {
 
 struct Winograd {
   using Kernel = WinogradConv3d;
-  static bool Supports(const Conv3dShape& shape) { return WinogradConv3d::OutputTile(shape.kernel) > 0; }
+  static bool Supports(const Conv3dShape& shape) { return WinogradConv3d::Supports(shape); }
   static bool Preferred(const Conv3dShape& shape) {
     return Supports(shape) && WinogradConv3d::FlopRatio(shape) >= kMinWinogradFlopRatio;
   }

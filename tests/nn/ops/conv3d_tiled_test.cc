@@ -82,6 +82,29 @@ TEST_P(Conv3dTiledTest, TrainsToTheSameLossAsDirectKernels) {
   EXPECT_LT(last[1], 0.5 * first[1]);
 }
 
+// The rule (no forcing, no measurement) takes Winograd in every pass of a stride-1 fp32 conv whose
+// modelled flop ratio is at least 3, and not for few input channels (padded to 16 lanes), a
+// stride of 2, a kernel side of 5 or bf16.
+TEST(Conv3dTiledRuleTest, TakesWinogradWhereItSavesWork) {
+  ModelSpec spec = MakeSpec(2, 20, {ConvL(16, 3), LeakyL(0.1f), ConvL(32, 4), LeakyL(0.1f), ConvL(32, 5, 1, true),
+                                    ConvL(32, 3, 2, true), FlattenL(), DenseL(3)}, 3);
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  auto net = MakeTrainingNet(spec, 2, {});
+  ASSERT_TRUE(net);
+  if (CountKernel(*net, "fwd", "winograd") == 0) GTEST_SKIP() << "no conv here has a layout the Winograd kernel reads";
+  for (const char* pass : {"fwd", "bwd_data", "bwd_weights"}) {
+    EXPECT_EQ(CountKernel(*net, pass, "winograd"), 1u) << pass;
+    EXPECT_EQ(CountKernel(*net, pass, "winograd", "conv1"), 1u) << pass << ": the 16 -> 32 4^3 conv";
+  }
+  NetworkOptions bf16;
+  bf16.batch = 2;
+  bf16.training = true;
+  bf16.precision = Precision::kBf16;
+  auto net16 = Network::Create(spec, bf16);
+  ASSERT_TRUE(net16.ok()) << net16.status().ToString();
+  EXPECT_EQ(CountKernel(**net16, "", "winograd"), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Algorithms, Conv3dTiledTest, ::testing::Values("fft", "winograd"));
 
 }  // namespace
