@@ -1,6 +1,7 @@
 // The error of each convolution path at a spec's real conv shapes (batch 1), in all three passes,
 // against a naive double-precision reference: oneDNN's fp32 kernels, oneDNN with bf16 inputs (where
-// the CPU has bf16) and the FFT-tiled kernel (core/nn/kernels/fft_conv.h). Prints one markdown
+// the CPU has bf16), the FFT-tiled kernel (core/nn/kernels/fft_conv.h) and the Winograd kernel
+// (core/nn/kernels/winograd_conv.h). Prints one markdown
 // table; the error of a tensor is max |path - reference| / max |reference|.
 //
 //   conv_accuracy [--model sc18] [--layers conv1,conv2] [--seed 1]
@@ -21,6 +22,7 @@
 
 #include "core/base/flags.h"
 #include "core/nn/kernels/fft_conv.h"
+#include "core/nn/kernels/winograd_conv.h"
 #include "core/nn/spec.h"
 
 namespace cosmoflow {
@@ -209,15 +211,15 @@ OneDnnRun RunOneDnn(const Shape& s, Dt dt, const std::vector<float>& x, const st
   return r;
 }
 
-// ---- the FFT-tiled kernel, planar layouts ----
+// ---- the tiled kernels, planar layouts ----
 
-struct FftRun {
+struct TiledRun {  // a tiled kernel's three passes (empty where it takes no such problem)
   std::vector<float> y, dx, dw;
   int tile_fwd = 0, tile_bwd = 0;
 };
 
-FftRun RunFft(const Shape& s, const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& dy) {
-  FftRun r;
+TiledRun RunFft(const Shape& s, const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& dy) {
+  TiledRun r;
   const Conv3dShape fs{1, s.c, s.f, s.in, s.out, s.k, s.pad};
   const Conv3dShape bs{1, s.f, s.c, s.out, s.in, s.k, s.k - 1 - s.pad};  // backward-data as a correlation
   r.tile_fwd = FftConv3d::TileFor(fs);
@@ -236,6 +238,28 @@ FftRun RunFft(const Shape& s, const std::vector<float>& x, const std::vector<flo
     r.dx.resize(x.size());
     conv.Forward(dy.data(), r.dx.data(), nullptr, -1.f);
   }
+  return r;
+}
+
+// ---- the Winograd kernel, planar layouts (empty results where it takes no such kernel) ----
+
+TiledRun RunWinograd(const Shape& s, const std::vector<float>& x, const std::vector<float>& w,
+                   const std::vector<float>& dy) {
+  TiledRun r;
+  const Conv3dShape fs{1, s.c, s.f, s.in, s.out, s.k, s.pad};
+  const Conv3dShape bs{1, s.f, s.c, s.out, s.in, s.k, s.k - 1 - s.pad};
+  if (!WinogradConv3d::Supports(fs) || !WinogradConv3d::Supports(bs)) return r;
+  r.tile_fwd = r.tile_bwd = WinogradConv3d::OutputTile(s.k);
+  WinogradConv3d fwd(fs, ActivationLayout::Planar(s.c, s.InVox()), ActivationLayout::Planar(s.f, s.OutVox()));
+  fwd.SetWeights(w.data());
+  r.y.resize(dy.size());
+  fwd.Forward(x.data(), r.y.data(), nullptr, -1.f);
+  r.dw.resize(w.size());
+  fwd.BackwardWeights(x.data(), dy.data(), r.dw.data(), nullptr);
+  WinogradConv3d bwd(bs, ActivationLayout::Planar(s.f, s.OutVox()), ActivationLayout::Planar(s.c, s.InVox()));
+  bwd.SetWeights(w.data(), /*flip_transpose=*/true);
+  r.dx.resize(x.size());
+  bwd.Forward(dy.data(), r.dx.data(), nullptr, -1.f);
   return r;
 }
 
@@ -281,9 +305,13 @@ void Report(const Shape& s, uint64_t seed) {
   } catch (const dnnl::error& e) {
     row("oneDNN bf16 inputs", {}, {}, {}, std::string("no bf16 kernels here: ") + e.what());
   }
-  const FftRun fft = RunFft(s, x, w, dy);
+  const TiledRun fft = RunFft(s, x, w, dy);
   row("FFT-tiled fp32", fft.y, fft.dx, fft.dw,
       "tile " + std::to_string(fft.tile_fwd) + "^3 (backward-data " + std::to_string(fft.tile_bwd) + "^3)");
+  const TiledRun wino = RunWinograd(s, x, w, dy);
+  const int m = wino.tile_fwd;
+  row("Winograd fp32", wino.y, wino.dx, wino.dw,
+      m > 0 ? "F(" + std::to_string(m) + "^3, " + std::to_string(s.k) + "^3)" : std::string("not taken (kernel side or memory cap)"));
 }
 
 }  // namespace

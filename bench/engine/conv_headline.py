@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """The fast-convolution headline: sc18's two 4^3 convs (conv1, conv2) at batch 4, all three passes
 together, as an effective rate (direct-equivalent flops / time) against the fp32 FMA peak measured
-in the same engine_bench process (--fma-peak), for each path: oneDNN's direct fp32 kernels (the
-rule), the Winograd and the FFT-tiled kernels forced on every pass of both convs, and bf16 (AMX or AVX512-BF16 where
-the CPU has them). Prints a markdown table, one row per path; median step of --iters.
+in the same engine_bench process (--fma-peak), for each path: the direct fp32 kernels the rule took
+before Winograd (oneDNN's, and the transposed backward-data of conv1; forced), the rule's fp32
+choice (Winograd in every pass of both convs), the FFT-tiled kernel forced, and bf16 (AMX or
+AVX512-BF16 where the CPU has them). Prints a markdown table, one row per path; median step of --iters.
 
     /usr/bin/python3 bench/engine/conv_headline.py [--bench build/bench/engine/engine_bench] [--iters 3]
 """
@@ -17,8 +18,9 @@ def forced(algo):
     return ",".join("conv%d.%s=%s" % (i, p, algo) for i in (1, 2) for p in ("fwd", "bwd_data", "bwd_weights"))
 
 
-PATHS = [("direct fp32 (rule)", {}, "fp32"),
-         ("Winograd fp32 (forced)", {"COSMOFLOW_KERNELS": forced("winograd")}, "fp32"),
+DIRECT = forced("onednn").replace("conv1.bwd_data=onednn", "conv1.bwd_data=transposed")
+PATHS = [("direct fp32 (forced)", {"COSMOFLOW_KERNELS": DIRECT}, "fp32"),
+         ("fp32 (rule: Winograd)", {}, "fp32"),
          ("FFT-tiled fp32 (forced)", {"COSMOFLOW_KERNELS": forced("fft")}, "fp32"),
          ("bf16 (rule)", {}, "bf16")]
 
