@@ -4,12 +4,13 @@
 // size with a tile within its memory cap, Winograd kernel sides 2 to 4 and transformed weights
 // within its memory cap. backward-data is the forward correlation of diff_dst with the weights
 // transposed and flipped.
-// The rule takes Winograd
-// where its modelled flop ratio (transforms and the padding of channels to 16 counted) is at least
-// kMinWinogradFlopRatio: sc18's 4^3 convs and mlperf's 3^3 convs from 32 channels on, which it
-// runs 1.4-2.6x faster than oneDNN's direct kernels in every pass (docs/benchmarks.md); not
-// layers of few input channels (mlperf's first conv, 4 channels padded to 16, ratio 0.96). FFT
-// runs only when forced ("conv.fwd=fft", ...) or chosen by measurement: it loses every pass.
+// The rule takes Winograd where its modelled flop ratio (transforms and the padding of channels to
+// 16 counted) is at least kMinWinogradFlopRatio and the pass has at least kMinWinogradTiles output
+// tiles: sc18's 4^3 convs and mlperf's 3^3 convs of 32 and 64 input channels, which it runs
+// 1.4-2.6x faster than oneDNN's direct kernels in every pass (docs/benchmarks.md); not layers of
+// few input channels (mlperf's first conv, 4 channels padded to 16, ratio 0.96) nor small cubes.
+// FFT runs only when forced ("conv.fwd=fft", ...) or chosen by measurement: it loses every pass.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,11 @@ using Dt = memory::data_type;
 // FFTW's transforms run too slowly for the FFT path to win anywhere measured.
 constexpr double kMinFftFlopRatio = 1e30;
 constexpr double kMinWinogradFlopRatio = 3.0;
+// Fewer tiles than this per pass and the per-step costs the flop ratio leaves out (transforming
+// the weights, and the weight gradient's a^3 sums, once per filter and channel pair) outweigh the
+// saving: the accuracy-study network's 3^3 convs on 8^3 and 4^3 cubes at batch 16 (128 and 16
+// tiles) ran 1.4x and 7x slower in their backward pass than oneDNN's.
+constexpr int64_t kMinWinogradTiles = 256;
 
 std::optional<ActivationLayout> LayoutOf(const memory::desc& md) {
   const memory::dims d = md.dims();
@@ -74,7 +80,10 @@ struct Winograd {
   using Kernel = WinogradConv3d;
   static bool Supports(const Conv3dShape& shape) { return WinogradConv3d::Supports(shape); }
   static bool Preferred(const Conv3dShape& shape) {
-    return Supports(shape) && WinogradConv3d::FlopRatio(shape) >= kMinWinogradFlopRatio;
+    const int64_t nt = (shape.out_side + WinogradConv3d::OutputTile(shape.kernel) - 1) /
+                       std::max(1, WinogradConv3d::OutputTile(shape.kernel));
+    return Supports(shape) && WinogradConv3d::FlopRatio(shape) >= kMinWinogradFlopRatio &&
+           shape.batch * nt * nt * nt >= kMinWinogradTiles;
   }
   static std::unique_ptr<WinogradConv3d> Make(const Conv3dShape& shape, const ActivationLayout& src,
                                               const ActivationLayout& dst) {

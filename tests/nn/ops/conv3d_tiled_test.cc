@@ -83,11 +83,12 @@ TEST_P(Conv3dTiledTest, TrainsToTheSameLossAsDirectKernels) {
 }
 
 // The rule (no forcing, no measurement) takes Winograd in every pass of a stride-1 fp32 conv whose
-// modelled flop ratio is at least 3, and not for few input channels (padded to 16 lanes), a
-// stride of 2, a kernel side of 5 or bf16.
+// modelled flop ratio is at least 3 on enough tiles (the 16 -> 32 4^3 conv: 9^3 tiles per cube),
+// and not for few input channels (padded to 16 lanes), a kernel side of 5, a stride of 2, a small
+// cube (the last conv: 4^3 tiles per cube) or bf16.
 TEST(Conv3dTiledRuleTest, TakesWinogradWhereItSavesWork) {
-  ModelSpec spec = MakeSpec(2, 20, {ConvL(16, 3), LeakyL(0.1f), ConvL(32, 4), LeakyL(0.1f), ConvL(32, 5, 1, true),
-                                    ConvL(32, 3, 2, true), FlattenL(), DenseL(3)}, 3);
+  ModelSpec spec = MakeSpec(2, 32, {ConvL(16, 3), LeakyL(0.1f), ConvL(32, 4), LeakyL(0.1f), ConvL(32, 5, 1, true),
+                                    ConvL(32, 3, 2, true), ConvL(32, 3, 1, true), FlattenL(), DenseL(3)}, 3);
   ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
   auto net = MakeTrainingNet(spec, 2, {});
   ASSERT_TRUE(net);
