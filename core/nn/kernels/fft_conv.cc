@@ -1,7 +1,5 @@
 #include "core/nn/kernels/fft_conv.h"
 
-#include "core/nn/kernels/aligned_floats.h"
-
 #include <fftw3.h>
 #include <omp.h>
 
@@ -12,17 +10,11 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "core/nn/kernels/aligned_floats.h"
+#include "core/nn/kernels/vec16.h"
+
 namespace cosmoflow {
 namespace {
-
-// 16 floats: one zmm with AVX-512, two ymm with AVX2 (GCC splits the vector type itself). The
-// helpers taking and returning it are internal and inlined, so GCC's note that an AVX2 build
-// passes it differently from an AVX-512 one concerns no interface.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float V16 __attribute__((vector_size(64)));
-typedef float V16u __attribute__((vector_size(64), aligned(4)));
-inline V16 Load(const float* p) { return *reinterpret_cast<const V16u*>(p); }
-inline void Store(float* p, V16 v) { *reinterpret_cast<V16u*>(p) = v; }
 
 // FFTW's planner is not thread-safe; networks may be built on several threads of one process.
 std::mutex& PlannerMutex() {

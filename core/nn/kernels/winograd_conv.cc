@@ -9,18 +9,10 @@
 #include <string>
 
 #include "core/nn/kernels/aligned_floats.h"
+#include "core/nn/kernels/vec16.h"
 
 namespace cosmoflow {
 namespace {
-
-// 16 floats: one zmm with AVX-512, two ymm with AVX2 (GCC splits the vector type itself). The
-// helpers taking and returning it are internal and inlined, so GCC's note that an AVX2 build
-// passes it differently from an AVX-512 one concerns no interface.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float V16 __attribute__((vector_size(64)));
-typedef float V16u __attribute__((vector_size(64), aligned(4)));
-inline V16 Load(const float* p) { return *reinterpret_cast<const V16u*>(p); }
-inline void Store(float* p, V16 v) { *reinterpret_cast<V16u*>(p) = v; }
 
 constexpr int kA = WinogradConv3d::kPoints;
 constexpr int kA3 = kA * kA * kA;
@@ -253,6 +245,33 @@ bool Contiguous16(const ActivationLayout& layout, int channels, int c0) {
   return layout.c_stride == 1 && layout.block % 16 == 0 && c0 + 16 <= channels;
 }
 
+// Copies channels [c0, c0 + 16) of sample n's cube of `span`^3 voxels from (d0, h0, w0) into t
+// (span^3 vectors of 16), zero outside the tensor's `side`^3 voxels and past its channels.
+void GatherCube(const float* x, const ActivationLayout& layout, int channels, int c0, int64_t n, int side, int d0,
+                int h0, int w0, int span, float* t) {
+  const bool fast = Contiguous16(layout, channels, c0);
+  const float* base[16];  // each channel's voxel 0 (null past the last channel)
+  for (int c = 0; c < 16; ++c) base[c] = c0 + c < channels ? x + layout.Offset(n, c0 + c, 0) : nullptr;
+  for (int z = 0; z < span; ++z) {
+    for (int y = 0; y < span; ++y) {
+      for (int w = 0; w < span; ++w) {
+        float* v = t + ((z * span + y) * span + w) * 16;
+        const int d = d0 + z, h = h0 + y, e = w0 + w;
+        if (d < 0 || h < 0 || e < 0 || d >= side || h >= side || e >= side) {
+          Store(v, V16{});
+          continue;
+        }
+        const int64_t at = ((int64_t{d} * side + h) * side + e) * layout.voxel_stride;
+        if (fast) {
+          Store(v, Load(base[0] + at));
+        } else {
+          for (int c = 0; c < 16; ++c) v[c] = base[c] ? base[c][at] : 0.f;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 struct WinogradConv3d::Buffers {
@@ -390,27 +409,8 @@ void WinogradConv3d::InputTransform(const float* src, int64_t tile, int slot, Bu
       Transform3d<kA, kA>(InputAxis{bt_.data()}, {p, int64_t{side} * side * vs, side * vs, vs}, out, out_stride);
       continue;
     }
-    const float* base[16];  // each channel's voxel 0 (null past the last channel)
-    for (int c = 0; c < 16; ++c) base[c] = c0 + c < C ? src + src_.Offset(o.n, c0 + c, 0) : nullptr;
     float* t = b.tile.data();
-    for (int z = 0; z < kA; ++z) {
-      for (int y = 0; y < kA; ++y) {
-        for (int x = 0; x < kA; ++x) {
-          float* v = t + ((z * kA + y) * kA + x) * 16;
-          const int d = d0 + z, h = h0 + y, w = w0 + x;
-          if (d < 0 || h < 0 || w < 0 || d >= side || h >= side || w >= side) {
-            Store(v, V16{});
-            continue;
-          }
-          const int64_t at = ((int64_t{d} * side + h) * side + w) * vs;
-          if (fast) {
-            Store(v, Load(base[0] + at));
-          } else {
-            for (int c = 0; c < 16; ++c) v[c] = base[c] ? base[c][at] : 0.f;
-          }
-        }
-      }
-    }
+    GatherCube(src, src_, C, c0, o.n, side, d0, h0, w0, kA, t);
     Transform3d<kA, kA>(InputAxis{bt_.data()}, Packed(t, kA, 16), out, out_stride);
   }
 }
@@ -421,32 +421,11 @@ void WinogradConv3d::OutputGradientTransform(const float* diff_dst, int64_t tile
                                              double* bias_sum) const {
   const TileOrigin o = Origin(tile);
   const int side = s_.out_side, F = s_.filters;
-  const int64_t vs = dst_.voxel_stride;
   float* t = b.tile.data();
   for (int f0 = 0; f0 < fp_; f0 += 16) {
-    const bool fast = Contiguous16(dst_, F, f0);
-    const float* base[16];
-    for (int f = 0; f < 16; ++f) base[f] = f0 + f < F ? diff_dst + dst_.Offset(o.n, f0 + f, 0) : nullptr;
-    V16 sum{};
-    for (int z = 0; z < m_; ++z) {
-      for (int y = 0; y < m_; ++y) {
-        for (int x = 0; x < m_; ++x) {
-          float* v = t + ((z * m_ + y) * m_ + x) * 16;
-          const int d = o.d + z, h = o.h + y, w = o.w + x;
-          if (d >= side || h >= side || w >= side) {
-            Store(v, V16{});
-            continue;
-          }
-          const int64_t at = ((int64_t{d} * side + h) * side + w) * vs;
-          if (fast) {
-            Store(v, Load(base[0] + at));
-          } else {
-            for (int f = 0; f < 16; ++f) v[f] = base[f] ? base[f][at] : 0.f;
-          }
-          sum += Load(v);
-        }
-      }
-    }
+    GatherCube(diff_dst, dst_, F, f0, o.n, side, o.d, o.h, o.w, m_, t);
+    V16 sum{};  // zero outside the output and past the filters
+    for (int v = 0; v < m_ * m_ * m_; ++v) sum += Load(t + v * 16);
     for (int f = 0; f < 16 && f0 + f < F; ++f) bias_sum[f0 + f] += sum[f];
     TransformFromTile(m_, at_.data(), Packed(t, m_, 16), b.m.data() + int64_t{slot} * fp_ + f0,
                       int64_t{tiles_per_block_} * fp_);
