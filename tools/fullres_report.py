@@ -150,18 +150,24 @@ def summary(args):
     d = args.dir
     study = load_json(os.path.join(d, "study.json"))
     report = {"study": study, "sets": {}}
+    synth_args = study.get("synth_args", "")
+    side, parent = study.get("side", 128), study.get("parent_side", study.get("side", 128))
+    made = f"`synth --preset mlperf{' ' + synth_args if synth_args else ''}`"
+    if parent != side:
+        made += f", each parent of {parent}^3 cut into {(parent // side) ** 3} universes of {side}^3"
+    evolution = f"`{synth_args}`" if synth_args else "the preset's evolution"
     lines = ["# Full-resolution study", "",
              f"{study['n_train']} training, {study['n_val']} validation and {study['n_test']} test universes of "
-             f"`synth --preset mlperf` (128^3 voxels of 1 Mpc/h at H0 = 70, z = 0, 0.5, 1.5, 3), and "
+             f"{made} (voxels of 1 Mpc/h at H0 = 70, z = 0, 0.5, 1.5, 3), and "
              f"{study['n_robust']} robustness universes evolved with `{study['robust_args']}`; each cut into "
              f"{study['subcubes_per_universe']} sub-cubes of {study['sub_side']}^3. Network `{study['spec']}`, "
              f"{study['members']} member(s) x {study['epochs']} epochs, {study['precision']}, 2 MPI ranks x batch "
              f"{study['batch']}. Predictions averaged per universe over its sub-cubes with the combined "
              f"covariance ({study['combine']}, fitted on the validation universes). P(k) baseline: ridge regression "
-             f"on the full 128^3 cubes' per-redshift spectra and cross-spectra. Trivial predictor: the training mean.",
+             f"on the full {side}^3 cubes' per-redshift spectra and cross-spectra. Trivial predictor: the training mean.",
              "", f"Elapsed: {study.get('elapsed_s', 0) / 60:.1f} minutes (estimated {study.get('estimate_s', 0) / 60:.0f} minutes on 2 idle cores).", "",
              "## Held-out synthetic universes", ""]
-    for key, label, sub in (("test", "Test set (the preset's evolution)", "test"),
+    for key, label, sub in (("test", f"Test set ({evolution})", "test"),
                             ("robust", f"Robustness set (`{study['robust_args']}`)", "robust")):
         acc = load_json(os.path.join(d, sub, "accuracy.json"))
         part, report["sets"][key] = summarise(acc, label)
