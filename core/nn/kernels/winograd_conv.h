@@ -17,11 +17,13 @@
 //
 // The transforms use the points' +- symmetry (a row for -a is the even part minus the odd part of
 // the row for +a): about half the multiply-adds of dense 6 x 6 products.
-// Accuracy: a few times fp32 direct convolution's error, within 5e-5 of the output's scale
-// (tests/nn/kernels/winograd_conv_test.cc; bench/engine/conv_accuracy measures sc18's shapes).
+// Accuracy: at sc18's and mlperf's shapes the forward and backward-data passes are within 1-4e-5
+// of the largest output and the weight gradient within 9e-5 (bench/engine/conv_accuracy; oneDNN's
+// fp32 kernels: up to 2.3e-5); the tests bound the error at 5e-5 of a random-sign sum's scale.
 // Layouts: any ActivationLayout. Threads: OpenMP over blocks of tiles, each thread with its own
 // buffers; the weight gradient's per-thread partial sums are added in thread order, so results are
-// bit-reproducible for a fixed thread count. Everything is allocated at construction.
+// bit-reproducible for a fixed thread count. Workspaces are allocated at construction (the weight
+// gradient's per-thread sums at the first BackwardWeights), never per step.
 #pragma once
 
 #include <cstdint>
