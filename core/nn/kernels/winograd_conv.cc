@@ -245,13 +245,22 @@ bool Contiguous16(const ActivationLayout& layout, int channels, int c0) {
   return layout.c_stride == 1 && layout.block % 16 == 0 && c0 + 16 <= channels;
 }
 
+// Each of channels [c0, c0 + 16)'s voxel 0 in sample n, null past the last channel; with
+// `contiguous` only the first, which is all the contiguous paths read (Offset divides by the block).
+template <class T>
+void ChannelBases(T* x, const ActivationLayout& layout, int channels, int c0, int64_t n, bool contiguous, T* base[16]) {
+  for (int c = 0; c < 16; ++c) {
+    base[c] = (c == 0 || !contiguous) && c0 + c < channels ? x + layout.Offset(n, c0 + c, 0) : nullptr;
+  }
+}
+
 // Copies channels [c0, c0 + 16) of sample n's cube of `span`^3 voxels from (d0, h0, w0) into t
 // (span^3 vectors of 16), zero outside the tensor's `side`^3 voxels and past its channels.
 void GatherCube(const float* x, const ActivationLayout& layout, int channels, int c0, int64_t n, int side, int d0,
                 int h0, int w0, int span, float* t) {
   const bool fast = Contiguous16(layout, channels, c0);
-  const float* base[16];  // each channel's voxel 0 (null past the last channel)
-  for (int c = 0; c < 16; ++c) base[c] = c0 + c < channels ? x + layout.Offset(n, c0 + c, 0) : nullptr;
+  const float* base[16];
+  ChannelBases(x, layout, channels, c0, n, fast, base);
   for (int z = 0; z < span; ++z) {
     for (int y = 0; y < span; ++y) {
       for (int w = 0; w < span; ++w) {
@@ -292,14 +301,21 @@ bool WinogradConv3d::Supports(const Conv3dShape& s) {
          int64_t{kA3} * RoundUp16(s.in_channels) * RoundUp16(s.filters) * 4 <= kMaxTransformedBytes;
 }
 
+int64_t WinogradConv3d::Tiles(const Conv3dShape& s) {
+  const int m = OutputTile(s.kernel);
+  if (m == 0) return 0;
+  const int64_t nt = (s.out_side + m - 1) / m;
+  return s.batch * nt * nt * nt;
+}
+
 double WinogradConv3d::FlopRatio(const Conv3dShape& s) {
   const int m = OutputTile(s.kernel);
   if (m == 0) return 0;
-  const double nt = std::ceil(double(s.out_side) / m), cp = RoundUp16(s.in_channels), fp = RoundUp16(s.filters);
+  const double cp = RoundUp16(s.in_channels), fp = RoundUp16(s.filters);
   const double in_transform = 3.0 * kA3 * kA * cp;  // multiply-adds per tile
   const double out_transform = (kA * kA * m * kA + kA * m * m * kA + double(m) * m * m * kA) * fp;
   const double product = double(kA3) * cp * fp;
-  return s.DirectFlops() / (2.0 * s.batch * nt * nt * nt * (in_transform + out_transform + product));
+  return s.DirectFlops() / (2.0 * Tiles(s) * (in_transform + out_transform + product));
 }
 
 WinogradConv3d::WinogradConv3d(const Conv3dShape& shape, const ActivationLayout& src, const ActivationLayout& dst)
@@ -447,7 +463,7 @@ void WinogradConv3d::OutputTransform(int64_t tile, int slot, const float* bias, 
     for (int f = 0; f < 16 && f0 + f < F; ++f) bv[f] = bias ? bias[f0 + f] : 0.f;
     const bool fast = Contiguous16(dst_, F, f0);
     float* base[16];
-    for (int f = 0; f < 16; ++f) base[f] = f0 + f < F ? dst + dst_.Offset(o.n, f0 + f, 0) : nullptr;
+    ChannelBases(dst, dst_, F, f0, o.n, fast, base);
     for (int z = 0; z < dn; ++z) {
       for (int y = 0; y < hn; ++y) {
         for (int x = 0; x < wn; ++x) {

@@ -45,6 +45,8 @@ class WinogradConv3d {
   // times their weights' memory, and gain nothing.
   static constexpr int64_t kMaxTransformedBytes = int64_t{16} << 20;
   static bool Supports(const Conv3dShape& s);
+  // Output tiles of one pass over the batch (0 when the kernel side has no tile).
+  static int64_t Tiles(const Conv3dShape& s);
   // Direct flops / the Winograd path's multiply-add flops (transforms included): the rule's measure.
   static double FlopRatio(const Conv3dShape& s);
 

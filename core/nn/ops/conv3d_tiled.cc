@@ -10,7 +10,6 @@
 // 1.4-2.6x faster than oneDNN's direct kernels in every pass (docs/benchmarks.md); not layers of
 // few input channels (mlperf's first conv, 4 channels padded to 16, ratio 0.96) nor small cubes.
 // FFT runs only when forced ("conv.fwd=fft", ...) or chosen by measurement: it loses every pass.
-#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,10 +79,8 @@ struct Winograd {
   using Kernel = WinogradConv3d;
   static bool Supports(const Conv3dShape& shape) { return WinogradConv3d::Supports(shape); }
   static bool Preferred(const Conv3dShape& shape) {
-    const int64_t nt = (shape.out_side + WinogradConv3d::OutputTile(shape.kernel) - 1) /
-                       std::max(1, WinogradConv3d::OutputTile(shape.kernel));
     return Supports(shape) && WinogradConv3d::FlopRatio(shape) >= kMinWinogradFlopRatio &&
-           shape.batch * nt * nt * nt >= kMinWinogradTiles;
+           WinogradConv3d::Tiles(shape) >= kMinWinogradTiles;
   }
   static std::unique_ptr<WinogradConv3d> Make(const Conv3dShape& shape, const ActivationLayout& src,
                                               const ActivationLayout& dst) {
