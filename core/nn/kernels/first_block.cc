@@ -16,10 +16,14 @@
 
 #include <immintrin.h>
 #include <omp.h>
+// GCC 12's AVX-512 intrinsics start from a self-initialised "undefined" vector, which its
+// -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593): not a defect here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <limits>
 
 #include "core/nn/network_internal.h"
 
@@ -33,9 +37,10 @@ using Mask16 = uint16_t;  // bit i = lane i
 #ifdef COSMOFLOW_FIRST_BLOCK_AVX512
 
 constexpr const char* kIsa = "avx512";
-// Register blocking for 32 zmm: 8 forward accumulators; the weight gradient of a whole 3^3 kernel
+// Register blocking for 32 zmm: 16 forward accumulators (two FMA ports of 4-cycle latency need 8
+// independent chains at least; 8 ran the forward at 0.6 of the FMA peak); the weight gradient of a whole 3^3 kernel
 // (27 accumulators) per pass over a conv row, one kd-slice per pass for 4^3 and 5^3.
-constexpr int kChunk = 8;
+constexpr int kChunk = 16;
 constexpr int GradRowsPerPass(int k) { return k <= 3 ? k * k : k; }
 
 struct V16 {
@@ -53,8 +58,17 @@ inline V16 Add(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V16 Mul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V16 Fma(float x, V16 w, V16 acc) { return {_mm512_fmadd_ps(_mm512_set1_ps(x), w.v, acc.v)}; }
 inline Mask16 Positive(V16 a) { return _mm512_cmp_ps_mask(a.v, _mm512_setzero_ps(), _CMP_GT_OQ); }
+inline Mask16 Greater(V16 a, V16 b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ); }
+inline Mask16 Equal(V16 a, V16 b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ); }
 inline V16 Select(Mask16 m, V16 if_set, V16 if_clear) { return {_mm512_mask_blend_ps(m, if_clear.v, if_set.v)}; }
 inline LaneMask FirstLanes(int n) { return {static_cast<__mmask16>((1u << n) - 1u)}; }
+// 16 bytes <-> 16 lanes (values 0-255, exact in fp32).
+inline V16 LoadBytes(const uint8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+inline void StoreBytes(uint8_t* p, V16 a) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(_mm512_cvttps_epu32(a.v)));
+}
 inline V16 LoadFirst(const float* p, LaneMask m) { return {_mm512_maskz_loadu_ps(m.m, p)}; }
 inline void StoreFirst(float* p, V16 a, LaneMask m) { _mm512_mask_storeu_ps(p, m.m, a.v); }
 
@@ -112,6 +126,16 @@ inline Mask16 Positive(V16 a) {
   const int hi = _mm256_movemask_ps(_mm256_cmp_ps(a.hi, zero, _CMP_GT_OQ));
   return static_cast<Mask16>(lo | (hi << 8));
 }
+inline Mask16 Greater(V16 a, V16 b) {
+  const int lo = _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ));
+  const int hi = _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ));
+  return static_cast<Mask16>(lo | (hi << 8));
+}
+inline Mask16 Equal(V16 a, V16 b) {
+  const int lo = _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_EQ_OQ));
+  const int hi = _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_EQ_OQ));
+  return static_cast<Mask16>(lo | (hi << 8));
+}
 inline V16 Select(Mask16 m, V16 if_set, V16 if_clear) {
   const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i lo = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(m & 0xff), bits), bits);
@@ -122,6 +146,16 @@ inline V16 Select(Mask16 m, V16 if_set, V16 if_clear) {
 inline LaneMask FirstLanes(int n) {
   const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return {_mm256_cmpgt_epi32(_mm256_set1_epi32(n), index), _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), index), n};
+}
+// 16 bytes <-> 16 lanes (values 0-255, exact in fp32).
+inline V16 LoadBytes(const uint8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+inline void StoreBytes(uint8_t* p, V16 a) {
+  alignas(32) float tmp[kLanes];
+  Store(tmp, a);
+  for (int i = 0; i < kLanes; ++i) p[i] = static_cast<uint8_t>(tmp[i]);
 }
 // Masked-off lanes are neither read nor written (no fault past the end of a buffer).
 inline V16 LoadFirst(const float* p, LaneMask m) {
@@ -146,11 +180,9 @@ inline void StoreBf16First(uint16_t* p, V16 a, LaneMask m) {
 
 #endif
 
-// acc[j] = bias + sum over taps of x[row(kd,kh) + w0 + j + kw] * w[tap], for j < NB.
+// acc[j] += sum over taps of x[row(kd,kh) + w0 + j + kw] * w[tap], for j < NB.
 template <int NB>
-inline void ConvChunk(const float* x, int64_t s, int k, int d, int h, int w0, const float* wt, V16 bias,
-                      V16* acc) {
-  for (int j = 0; j < NB; ++j) acc[j] = bias;
+inline void ConvChunk(const float* x, int64_t s, int k, int d, int h, int w0, const float* wt, V16* acc) {
   for (int kd = 0; kd < k; ++kd) {
     for (int kh = 0; kh < k; ++kh) {
       const float* xr = x + ((d + kd) * s + (h + kh)) * s + w0;
@@ -165,8 +197,7 @@ inline void ConvChunk(const float* x, int64_t s, int k, int d, int h, int w0, co
 
 // Same with the kernel size known at compile time, so the 27 (for 3^3) taps unroll fully.
 template <int K, int NB>
-inline void ConvChunkK(const float* x, int64_t s, int d, int h, int w0, const float* wt, V16 bias, V16* acc) {
-  for (int j = 0; j < NB; ++j) acc[j] = bias;
+inline void ConvChunkK(const float* x, int64_t s, int d, int h, int w0, const float* wt, V16* acc) {
 #pragma GCC unroll 8
   for (int kd = 0; kd < K; ++kd) {
 #pragma GCC unroll 8
@@ -184,8 +215,7 @@ inline void ConvChunkK(const float* x, int64_t s, int d, int h, int w0, const fl
 }
 
 inline void ConvChunkTail(const float* x, int64_t s, int k, int d, int h, int w0, int nb, const float* wt,
-                          V16 bias, V16* acc) {
-  for (int j = 0; j < nb; ++j) acc[j] = bias;
+                          V16* acc) {
   for (int kd = 0; kd < k; ++kd) {
     for (int kh = 0; kh < k; ++kh) {
       const float* xr = x + ((d + kd) * s + (h + kh)) * s + w0;
@@ -243,220 +273,326 @@ void GradRowDispatch(int k, const float* x, int64_t s, int d, int h, int width, 
   }
 }
 
+// acc[j] += the conv of one input channel for nb outputs from w0; the full chunks unrolled.
+template <int NB>
+inline void ConvChannel(const float* xc, int64_t s, int k, int d, int h, int w0, int nb, const float* wc, V16* acc) {
+  if (nb == NB && k == 3) {
+    ConvChunkK<3, NB>(xc, s, d, h, w0, wc, acc);
+  } else if (nb == NB && k == 2) {
+    ConvChunkK<2, NB>(xc, s, d, h, w0, wc, acc);
+  } else if (nb == NB && k == 4) {
+    ConvChunkK<4, NB>(xc, s, d, h, w0, wc, acc);
+  } else if (nb == NB) {
+    ConvChunk<NB>(xc, s, k, d, h, w0, wc, acc);
+  } else {
+    ConvChunkTail(xc, s, k, d, h, w0, nb, wc, acc);
+  }
+}
+
+// acc[j] = bias + the conv over all c input channels (planes cstride floats apart) of outputs
+// w0 .. w0+nb-1 of row (d, h); wt: the filter group's [C][K^3][16] weights. nb <= kChunk; a
+// chunk of kChunk / 2 runs unrolled too (the end of a row).
+inline void ConvOutputs(const float* x, int64_t cstride, int c, int64_t s, int k, int d, int h, int w0, int nb,
+                        const float* wt, V16 bias, V16* acc) {
+  for (int j = 0; j < kChunk; ++j) acc[j] = bias;
+  const int64_t wstride = int64_t{k} * k * k * kLanes;
+  for (int ci = 0; ci < c; ++ci) {
+    if (nb == kChunk / 2) {
+      ConvChannel<kChunk / 2>(x + ci * cstride, s, k, d, h, w0, nb, wt + ci * wstride, acc);
+    } else {
+      ConvChannel<kChunk>(x + ci * cstride, s, k, d, h, w0, nb, wt + ci * wstride, acc);
+    }
+  }
+}
+
 using nn_internal::AlignedFloats;
 using nn_internal::RoundUp16;
 using nn_internal::SumPartialsInThreadOrder;
 
+constexpr float kPositiveCode = 128.f;  // a max-pool code: window index + 128 if the max is > 0
+
 }  // namespace
 
-bool FirstBlockKernel::Supported(int side, int filters, int kernel, int stride, bool same_padding, int pool) {
-  return filters >= 1 && filters <= kLanes && kernel >= 1 && kernel <= 5 && stride == 1 && !same_padding &&
-         pool >= 1 && side >= kernel && (side - kernel + 1) / pool >= 1;
+bool FirstBlockKernel::Supported(const FirstBlockShape& b) {
+  const int ps = b.out_side + b.kernel - 1;
+  const bool geometry = b.channels >= 1 && b.channels <= 4 && b.filters >= 1 && b.filters <= 2 * kLanes &&
+                        b.kernel >= 1 && b.kernel <= 5 && b.pool >= 1 && b.out_side / b.pool >= 1 &&
+                        b.pad_left >= 0 && b.pad_left + b.side <= ps && b.side >= 1;
+  // A max pool commutes with the activation only when it is monotonic; its window index must fit
+  // a code byte's low 7 bits.
+  const bool pool = !b.max_pool || (b.alpha >= 0.f && b.pool * b.pool * b.pool <= 128);
+  return geometry && pool;
 }
 
 const char* FirstBlockKernel::Isa() { return kIsa; }
 
-FirstBlockKernel::FirstBlockKernel(int batch, int side, int filters, int kernel, float alpha, int pool,
-                                   bool bf16_out, bool training, int channel_stride)
-    : n_(batch), s_(side), f_(filters), k_(kernel), p_(pool), cs_(channel_stride), alpha_(alpha),
-      bf16_(bf16_out), training_(training) {
-  assert(cs_ == 0 || (cs_ >= f_ && cs_ <= kLanes));
-  o_ = s_ - k_ + 1;
+FirstBlockKernel::FirstBlockKernel(const FirstBlockShape& b, bool bf16_out, bool training, int channel_stride)
+    : sh_(b), n_(b.batch), c_(b.channels), s_(b.side), f_(b.filters), k_(b.kernel), p_(b.pool),
+      cs_(channel_stride), o_(b.out_side), alpha_(b.alpha), bf16_(bf16_out), training_(training) {
+  assert(Supported(b));
+  assert(cs_ == 0 || cs_ == f_ || cs_ == kLanes || (cs_ == 8 && f_ <= 8));
+  g_ = (f_ + kLanes - 1) / kLanes;
   q_ = o_ / p_;
+  ps_ = o_ + k_ - 1;
+  padded_input_ = b.pad_left != 0 || ps_ != s_;
   threads_ = omp_get_max_threads();
-  const int64_t taps = int64_t{k_} * k_ * k_;
-  const int64_t wt_floats = taps * kLanes;
-  const int64_t partial_floats = int64_t{threads_} * (taps * kLanes + kLanes);
-  scratch_stride_ = RoundUp16(int64_t{q_} * p_ * kLanes);
-  wt_ = AlignedFloats(storage_, wt_floats + partial_floats + threads_ * scratch_stride_);
-  partial_ = wt_ + wt_floats;
-  scratch_ = partial_ + partial_floats;
-  if (training_) {
-    const int64_t qp = int64_t{q_} * p_;
-    mask_.assign(static_cast<size_t>(n_) * qp * qp * qp, 0);
-  }
+  const int64_t taps = int64_t{k_} * k_ * k_, qp = int64_t{q_} * p_;
+  const int64_t wt_floats = g_ * c_ * taps * kLanes;
+  partial_stride_ = RoundUp16(wt_floats + g_ * kLanes);
+  scratch_stride_ = 3 * RoundUp16(qp * kLanes);
+  wt_ = AlignedFloats(storage_, wt_floats + g_ * kLanes + threads_ * (partial_stride_ + scratch_stride_));
+  bias16_ = wt_ + wt_floats;
+  partial_ = bias16_ + g_ * kLanes;
+  scratch_ = partial_ + threads_ * partial_stride_;
+  if (training_ && b.max_pool) codes_.assign(static_cast<size_t>(n_) * q_ * q_ * q_ * g_ * kLanes, 0);
+  if (training_ && !b.max_pool) mask_.assign(static_cast<size_t>(n_) * qp * qp * qp * g_, 0);
+  if (padded_input_) padded_.assign(static_cast<size_t>(c_) * ps_ * ps_ * ps_, 0.f);
 }
 
 double FirstBlockKernel::ConvFlops() const {
-  return 2.0 * k_ * k_ * k_ * f_ * double(o_) * o_ * o_ * n_;
+  return 2.0 * k_ * k_ * k_ * c_ * f_ * double(o_) * o_ * o_ * n_;
 }
 
-// Writes one pooled output row (q voxels x 16 filter lanes in pacc, sums over the pooling window)
-// scaled by inv into dst: planar (cs == 0) or channels-last with channel stride cs, fp32 or bf16.
-// sample_voxel0: the row's sample's first voxel index (ni * q^3); plane0: its first planar element
-// (ni * f * q^3).
-static inline void StorePooledRow(const float* pacc, float inv, int q, int f, int cs, bool bf16, LaneMask smask,
-                           int64_t out_base, int64_t sample_voxel0, int64_t plane0, void* dst) {
-  const int64_t q3 = int64_t{q} * q * q;
+int64_t FirstBlockKernel::WorkspaceBytes() const {
+  return static_cast<int64_t>(mask_.size() * sizeof(uint16_t) + codes_.size() + padded_.size() * sizeof(float) +
+                              storage_.size() * sizeof(float));
+}
+
+const float* FirstBlockKernel::Sample(const float* src, int ni) {
+  const int64_t s = s_, s3 = s * s * s, ps = ps_, ps3 = ps * ps * ps;
+  const float* in = src + ni * c_ * s3;
+  if (!padded_input_) return in;
+  // Only the cells that hold input are written: the zero borders stay from construction.
+  float* pad = padded_.data();
+  const int pl = sh_.pad_left;
+#pragma omp parallel for num_threads(threads_) schedule(static)
+  for (int64_t r = 0; r < c_ * s; ++r) {
+    const int64_t ci = r / s, d = r % s;
+    for (int64_t h = 0; h < s; ++h) {
+      std::memcpy(pad + ci * ps3 + ((d + pl) * ps + h + pl) * ps + pl, in + ci * s3 + (d * s + h) * s,
+                  sizeof(float) * s);
+    }
+  }
+  return pad;
+}
+
+void FirstBlockKernel::PackWeights(const float* weights, const float* bias) {
+  const int taps = k_ * k_ * k_;
+  std::memset(wt_, 0, sizeof(float) * (g_ * c_ * taps + g_) * kLanes);
+  for (int f = 0; f < f_; ++f) {
+    const int g = f / kLanes, lane = f % kLanes;
+    for (int ci = 0; ci < c_; ++ci) {
+      for (int t = 0; t < taps; ++t) wt_[((g * c_ + ci) * taps + t) * kLanes + lane] = weights[(f * c_ + ci) * taps + t];
+    }
+    bias16_[f] = bias[f];
+  }
+}
+
+// The conv row (d, h) of filter group g, through the leaky ReLU (average pool) and into its
+// pooling windows: pacc holds the row's q window sums or maxima, pidx the maxima's window indices.
+void FirstBlockKernel::PoolConvRow(const float* x, int ni, int d, int h, int g, float* pacc, float* pidx) {
+  const int p = p_, qp = q_ * p_, taps = k_ * k_ * k_;
+  const int64_t ps = ps_, cstride = ps * ps * ps;
+  const V16 bias = Load(bias16_ + g * kLanes), alpha_v = Set1(alpha_);
+  const float* wt = wt_ + int64_t{g} * c_ * taps * kLanes;
+  uint16_t* mrow = mask_.empty() ? nullptr : mask_.data() + ((int64_t{ni} * qp + d) * qp + h) * qp * g_ + g;
+  const int window0 = ((d % p) * p + h % p) * p;  // window index of this row's first voxel
+  for (int w0 = 0, nb; w0 < qp; w0 += nb) {
+    nb = qp - w0 >= kChunk ? kChunk : qp - w0 >= kChunk / 2 ? kChunk / 2 : qp - w0;
+    V16 acc[kChunk];
+    ConvOutputs(x, cstride, c_, ps, k_, d, h, w0, nb, wt, bias, acc);
+    for (int j = 0; j < nb; ++j) {
+      const int w = w0 + j;
+      float* slot = pacc + (w / p) * kLanes;
+      if (sh_.max_pool) {
+        const V16 old = Load(slot);
+        const Mask16 gt = Greater(acc[j], old);
+        Store(slot, Select(gt, acc[j], old));
+        float* idx = pidx + (w / p) * kLanes;
+        if (training_) Store(idx, Select(gt, Set1(static_cast<float>(window0 + w % p)), Load(idx)));
+      } else {
+        const Mask16 pos = Positive(acc[j]);
+        if (mrow) mrow[int64_t{w} * g_] = pos;
+        Store(slot, Add(Load(slot), Select(pos, acc[j], Mul(acc[j], alpha_v))));
+      }
+    }
+  }
+}
+
+// Writes pooled row (qd, qh) of group g: the window means (average) or the activated maxima, and
+// for a max pool in training each output's code byte.
+void FirstBlockKernel::StorePooledRow(int ni, int qd, int qh, int g, float* pacc, const float* pidx, void* dst) {
+  const int q = q_;
+  const int64_t q3 = int64_t{q} * q * q, voxel0 = (int64_t{qd} * q + qh) * q;
+  const V16 scale = Set1(1.f / static_cast<float>(p_ * p_ * p_)), alpha_v = Set1(alpha_);
   for (int qw = 0; qw < q; ++qw) {
-    const V16 v = Mul(Load(pacc + qw * kLanes), Set1(inv));
-    // Unused filter lanes hold exact zeros (zero weights and bias), as the padded
-    // nCdhw16c layout requires.
-    if (cs == 0) {  // planar NCDHW: scatter the filter lanes into their planes
+    V16 v = Load(pacc + qw * kLanes);
+    if (sh_.max_pool) {
+      const Mask16 pos = Positive(v);
+      v = Select(pos, v, Mul(v, alpha_v));
+      if (training_) {
+        const V16 idx = Load(pidx + qw * kLanes);
+        StoreBytes(codes_.data() + ((ni * q3 + voxel0 + qw) * g_ + g) * kLanes,
+                   Select(pos, Add(idx, Set1(kPositiveCode)), idx));
+      }
+    } else {
+      v = Mul(v, scale);
+    }
+    Store(pacc + qw * kLanes, v);
+  }
+  // Unused filter lanes hold exact zeros (zero weights and bias), as padded blocked layouts require.
+  const int64_t blocks = cs_ == 0 ? 0 : (f_ + cs_ - 1) / cs_;
+  const int block = cs_ == 0 ? 0 : g * kLanes / cs_, offset = cs_ == 0 ? 0 : g * kLanes % cs_;
+  const LaneMask lanes = FirstLanes(std::min(kLanes, cs_ - offset));
+  for (int qw = 0; qw < q; ++qw) {
+    const V16 v = Load(pacc + qw * kLanes);
+    const int64_t voxel = voxel0 + qw;
+    if (cs_ == 0) {  // planar NCDHW: scatter the filter lanes into their planes
       alignas(64) float tmp[kLanes];
       Store(tmp, v);
-      const int64_t voxel = out_base - sample_voxel0 + qw;
-      for (int fi = 0; fi < f; ++fi) {
-        const int64_t at = plane0 + int64_t{fi} * q3 + voxel;
-        if (bf16) {
-          static_cast<uint16_t*>(dst)[at] = nn_internal::F32ToBf16(tmp[fi]);
+      for (int lane = 0; lane < kLanes && g * kLanes + lane < f_; ++lane) {
+        const int64_t at = (int64_t{ni} * f_ + g * kLanes + lane) * q3 + voxel;
+        if (bf16_) {
+          static_cast<uint16_t*>(dst)[at] = nn_internal::F32ToBf16(tmp[lane]);
         } else {
-          static_cast<float*>(dst)[at] = tmp[fi];
+          static_cast<float*>(dst)[at] = tmp[lane];
         }
       }
-    } else if (bf16) {
-      StoreBf16First(static_cast<uint16_t*>(dst) + (out_base + qw) * cs, v, smask);
-    } else {
-      StoreFirst(static_cast<float*>(dst) + (out_base + qw) * cs, v, smask);
+      continue;
     }
+    const int64_t at = ((ni * blocks + block) * q3 + voxel) * cs_ + offset;
+    if (bf16_) {
+      StoreBf16First(static_cast<uint16_t*>(dst) + at, v, lanes);
+    } else {
+      StoreFirst(static_cast<float*>(dst) + at, v, lanes);
+    }
+  }
+}
+
+void FirstBlockKernel::ForwardRow(const float* x, int ni, int qd, int qh, float* pacc, float* pidx, void* dst) {
+  const int q = q_, p = p_;
+  const float init = sh_.max_pool ? -std::numeric_limits<float>::infinity() : 0.f;
+  for (int g = 0; g < g_; ++g) {
+    for (int i = 0; i < q * kLanes; ++i) {
+      pacc[i] = init;
+      pidx[i] = 0.f;
+    }
+    for (int pd = 0; pd < p; ++pd) {
+      for (int ph = 0; ph < p; ++ph) PoolConvRow(x, ni, qd * p + pd, qh * p + ph, g, pacc, pidx);
+    }
+    StorePooledRow(ni, qd, qh, g, pacc, pidx, dst);
   }
 }
 
 void FirstBlockKernel::Forward(const float* src, const float* weights, const float* bias, void* dst) {
-  const int taps = k_ * k_ * k_;
-  // Tap-major, filter-lane weights (zero in unused lanes), refreshed from the master every call.
-  float* wt = wt_;
-  std::memset(wt, 0, sizeof(float) * taps * kLanes);
-  for (int f = 0; f < f_; ++f) {
-    for (int t = 0; t < taps; ++t) wt[t * kLanes + f] = weights[f * taps + t];
-  }
-  alignas(64) float bias16[kLanes] = {};
-  for (int f = 0; f < f_; ++f) bias16[f] = bias[f];
-
-  const int n = n_, q = q_, p = p_, f = f_, k = k_;
-  const int qp = q * p;
-  const int64_t s = s_;
-  const float inv = 1.f / static_cast<float>(p * p * p);
-  const float alpha = alpha_;
-  const bool training = training_, bf16 = bf16_;
-  const int cs = cs_;
-  const LaneMask smask = FirstLanes(cs);
-  const int64_t q3 = int64_t{q} * q * q;
-  uint16_t* mask = training ? mask_.data() : nullptr;
-  const int64_t rows = int64_t{n} * q * q;
-
-  float* scratch = scratch_;
-  const int64_t scratch_stride = scratch_stride_;
+  PackWeights(weights, bias);
+  const int64_t rows = int64_t{q_} * q_, q = q_;
+  for (int ni = 0; ni < n_; ++ni) {
+    const float* x = Sample(src, ni);
 #pragma omp parallel num_threads(threads_)
-  {
-    float* pacc = scratch + omp_get_thread_num() * scratch_stride;
-    const V16 bias_v = Load(bias16);
-    const V16 alpha_v = Set1(alpha);
+    {
+      float* pacc = scratch_ + omp_get_thread_num() * scratch_stride_;
+      float* pidx = pacc + scratch_stride_ / 3;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int ni = static_cast<int>(r / (int64_t{q} * q));
-      const int qd = static_cast<int>((r / q) % q);
-      const int qh = static_cast<int>(r % q);
-      const float* x = src + static_cast<int64_t>(ni) * s * s * s;
-      std::memset(pacc, 0, sizeof(float) * q * kLanes);
-      for (int pd = 0; pd < p; ++pd) {
-        for (int ph = 0; ph < p; ++ph) {
-          const int d = qd * p + pd, h = qh * p + ph;
-          uint16_t* mrow = training ? mask + ((int64_t{ni} * qp + d) * qp + h) * qp : nullptr;
-          for (int w0 = 0; w0 < qp; w0 += kChunk) {
-            const int nb = std::min(kChunk, qp - w0);
-            V16 acc[kChunk];
-            if (nb == kChunk && k == 3) {
-              ConvChunkK<3, kChunk>(x, s, d, h, w0, wt, bias_v, acc);
-            } else if (nb == kChunk && k == 2) {
-              ConvChunkK<2, kChunk>(x, s, d, h, w0, wt, bias_v, acc);
-            } else if (nb == kChunk && k == 4) {
-              ConvChunkK<4, kChunk>(x, s, d, h, w0, wt, bias_v, acc);
-            } else if (nb == kChunk) {
-              ConvChunk<kChunk>(x, s, k, d, h, w0, wt, bias_v, acc);
-            } else {
-              ConvChunkTail(x, s, k, d, h, w0, nb, wt, bias_v, acc);
-            }
-            for (int j = 0; j < nb; ++j) {
-              const Mask16 pos = Positive(acc[j]);
-              const V16 act = Select(pos, acc[j], Mul(acc[j], alpha_v));
-              if (training) mrow[w0 + j] = pos;
-              float* pa = pacc + ((w0 + j) / p) * kLanes;
-              Store(pa, Add(Load(pa), act));
-            }
-          }
-        }
+      for (int64_t r = 0; r < rows; ++r) {
+        ForwardRow(x, ni, static_cast<int>(r / q), static_cast<int>(r % q), pacc, pidx, dst);
       }
-      const int64_t out_base = ((int64_t{ni} * q + qd) * q + qh) * q;
-      StorePooledRow(pacc, inv, q, f, cs, bf16, smask, out_base, int64_t{ni} * q3, int64_t{ni} * f * q3, dst);
     }
   }
 }
 
-void FirstBlockKernel::BackwardWeights(const float* src, const float* weights, const float* bias,
-                                       const void* diff_dst, float* grad_w, float* grad_b) {
-  assert(training_);
-  const int taps = k_ * k_ * k_;
-  const int stride = taps * kLanes + kLanes;  // per-thread partial: weights then bias
-  const int threads = threads_;
-  float* partial = partial_;
-  std::memset(partial, 0, sizeof(float) * threads * stride);
-  float* scratch = scratch_;
-  const int64_t scratch_stride = scratch_stride_;
-
-  const int n = n_, q = q_, p = p_, f = f_, k = k_;
-  const int qp = q * p;
-  const int64_t s = s_;
-  const LaneMask fmask = FirstLanes(f);
-  const float inv = 1.f / static_cast<float>(p * p * p);
-  const float alpha = alpha_;
-  const bool bf16 = bf16_;
-  const int cs = cs_;
-  const int64_t q3 = int64_t{q} * q * q;
-  const uint16_t* mask = mask_.data();
-  const int64_t rows = int64_t{n} * qp * qp;
-  int used_threads = 1;
-
-#pragma omp parallel num_threads(threads)
-  {
-    const int tid = omp_get_thread_num();
-#pragma omp single
-    used_threads = omp_get_num_threads();
-    float* mine = partial + static_cast<int64_t>(tid) * stride;
-    float* dconv = scratch + tid * scratch_stride;
-    const V16 alpha_v = Set1(alpha);
-    const V16 inv_v = Set1(inv);
-    V16 bias_acc = Zero();
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int ni = static_cast<int>(r / (int64_t{qp} * qp));
-      const int d = static_cast<int>((r / qp) % qp);
-      const int h = static_cast<int>(r % qp);
-      const int64_t g_base = ((int64_t{ni} * q + d / p) * q + h / p) * q;
-      const uint16_t* mrow = mask + ((int64_t{ni} * qp + d) * qp + h) * qp;
-      for (int qw = 0; qw < q; ++qw) {
-        V16 g;
-        if (cs == 0) {  // planar NCDHW: gather the filter lanes from their planes
-          alignas(64) float tmp[kLanes] = {};
-          const int64_t voxel = g_base - int64_t{ni} * q3 + qw;
-          for (int fi = 0; fi < f; ++fi) {
-            const int64_t at = (int64_t{ni} * f + fi) * q3 + voxel;
-            tmp[fi] = bf16 ? nn_internal::Bf16ToF32(static_cast<const uint16_t*>(diff_dst)[at])
-                           : static_cast<const float*>(diff_dst)[at];
-          }
-          g = Load(tmp);
-        } else {
-          g = bf16 ? LoadBf16First(static_cast<const uint16_t*>(diff_dst) + (g_base + qw) * cs, fmask)
-                   : LoadFirst(static_cast<const float*>(diff_dst) + (g_base + qw) * cs, fmask);
-        }
-        g = Mul(g, inv_v);
-        const V16 ga = Mul(g, alpha_v);
-        for (int pw = 0; pw < p; ++pw) {
-          const int w = qw * p + pw;
-          const V16 dv = Select(mrow[w], g, ga);
-          Store(dconv + w * kLanes, dv);
-          bias_acc = Add(bias_acc, dv);
-        }
+// dLoss/dconv of conv row (d, h), filter group g, into dconv (q * p positions x 16 lanes), from
+// the pooled gradient and the forward's masks or codes; adds the row's sum to bias_acc.
+void FirstBlockKernel::DconvRow(const void* diff_dst, int ni, int d, int h, int g, float* dconv, float* bias_acc) {
+  const int q = q_, p = p_, qp = q_ * p_;
+  const int64_t q3 = int64_t{q} * q * q, voxel0 = (int64_t{d / p} * q + h / p) * q;
+  const int64_t blocks = cs_ == 0 ? 0 : (f_ + cs_ - 1) / cs_;
+  const int block = cs_ == 0 ? 0 : g * kLanes / cs_, offset = cs_ == 0 ? 0 : g * kLanes % cs_;
+  const LaneMask lanes = FirstLanes(cs_ == 0 ? kLanes : std::min(kLanes, cs_ - offset));
+  const V16 alpha_v = Set1(alpha_), scale = Set1(1.f / static_cast<float>(p * p * p));
+  const uint16_t* mrow = mask_.empty() ? nullptr : mask_.data() + ((int64_t{ni} * qp + d) * qp + h) * qp * g_ + g;
+  const int window0 = ((d % p) * p + h % p) * p;
+  V16 bsum = Load(bias_acc);
+  for (int qw = 0; qw < q; ++qw) {
+    const int64_t voxel = voxel0 + qw;
+    V16 gv;
+    if (cs_ == 0) {  // planar NCDHW: gather the filter lanes from their planes
+      alignas(64) float tmp[kLanes] = {};
+      for (int lane = 0; lane < kLanes && g * kLanes + lane < f_; ++lane) {
+        const int64_t at = (int64_t{ni} * f_ + g * kLanes + lane) * q3 + voxel;
+        tmp[lane] = bf16_ ? nn_internal::Bf16ToF32(static_cast<const uint16_t*>(diff_dst)[at])
+                          : static_cast<const float*>(diff_dst)[at];
       }
-      GradRowDispatch(k, src + static_cast<int64_t>(ni) * s * s * s, s, d, h, qp, dconv, mine);
+      gv = Load(tmp);
+    } else {
+      const int64_t at = ((ni * blocks + block) * q3 + voxel) * cs_ + offset;
+      gv = bf16_ ? LoadBf16First(static_cast<const uint16_t*>(diff_dst) + at, lanes)
+                 : LoadFirst(static_cast<const float*>(diff_dst) + at, lanes);
     }
-    Store(mine + taps * kLanes, Add(Load(mine + taps * kLanes), bias_acc));
+    if (sh_.max_pool) {
+      // Only the window's maximum receives the gradient, times the activation's slope there.
+      const V16 code = LoadBytes(codes_.data() + ((ni * q3 + voxel) * g_ + g) * kLanes);
+      const Mask16 pos = Greater(code, Set1(kPositiveCode - 0.5f));
+      const V16 idx = Select(pos, Add(code, Set1(-kPositiveCode)), code);
+      const V16 gs = Select(pos, gv, Mul(gv, alpha_v));
+      for (int pw = 0; pw < p; ++pw) {
+        const V16 dv = Select(Equal(idx, Set1(static_cast<float>(window0 + pw))), gs, Zero());
+        Store(dconv + (qw * p + pw) * kLanes, dv);
+        bsum = Add(bsum, dv);
+      }
+    } else {
+      const V16 gm = Mul(gv, scale), ga = Mul(gm, alpha_v);
+      for (int pw = 0; pw < p; ++pw) {
+        const int w = qw * p + pw;
+        const V16 dv = Select(mrow[int64_t{w} * g_], gm, ga);
+        Store(dconv + w * kLanes, dv);
+        bsum = Add(bsum, dv);
+      }
+    }
+  }
+  Store(bias_acc, bsum);
+}
+
+void FirstBlockKernel::BackwardRow(const float* x, const void* diff_dst, int ni, int d, int h, float* dconv,
+                                   float* partial, float* bias_acc) {
+  const int64_t taps = int64_t{k_} * k_ * k_, cstride = int64_t{ps_} * ps_ * ps_;
+  for (int g = 0; g < g_; ++g) {
+    DconvRow(diff_dst, ni, d, h, g, dconv, bias_acc + g * kLanes);
+    for (int ci = 0; ci < c_; ++ci) {
+      GradRowDispatch(k_, x + ci * cstride, ps_, d, h, q_ * p_, dconv, partial + ((g * c_ + ci) * taps) * kLanes);
+    }
+  }
+}
+
+void FirstBlockKernel::BackwardWeights(const float* src, const void* diff_dst, float* grad_w, float* grad_b) {
+  assert(training_);
+  const int64_t taps = int64_t{k_} * k_ * k_, qp = int64_t{q_} * p_, rows = qp * qp;
+  const int64_t bias_at = g_ * c_ * taps * kLanes;  // the bias partials follow the weights'
+  std::memset(partial_, 0, sizeof(float) * threads_ * partial_stride_);
+  int used_threads = 1;
+  for (int ni = 0; ni < n_; ++ni) {
+    const float* x = Sample(src, ni);
+#pragma omp parallel num_threads(threads_)
+    {
+      const int tid = omp_get_thread_num();
+#pragma omp single
+      used_threads = std::max(used_threads, omp_get_num_threads());
+      float* mine = partial_ + tid * partial_stride_;
+      float* dconv = scratch_ + tid * scratch_stride_;
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        BackwardRow(x, diff_dst, ni, static_cast<int>(r / qp), static_cast<int>(r % qp), dconv, mine, mine + bias_at);
+      }
+    }
   }
   // Sum the partials in thread order (deterministic), then transpose to OIDHW.
-  SumPartialsInThreadOrder(partial, stride, used_threads);
-  for (int fi = 0; fi < f; ++fi) {
-    for (int t = 0; t < taps; ++t) grad_w[fi * taps + t] = partial[t * kLanes + fi];
-    grad_b[fi] = partial[taps * kLanes + fi];
+  SumPartialsInThreadOrder(partial_, partial_stride_, used_threads);
+  for (int f = 0; f < f_; ++f) {
+    const int g = f / kLanes, lane = f % kLanes;
+    for (int ci = 0; ci < c_; ++ci) {
+      for (int t = 0; t < taps; ++t) grad_w[(f * c_ + ci) * taps + t] = partial_[((g * c_ + ci) * taps + t) * kLanes + lane];
+    }
+    grad_b[f] = partial_[bias_at + f];
   }
 }
 
@@ -543,19 +679,19 @@ namespace {
 
 }  // namespace
 
-bool FirstBlockKernel::Supported(int, int, int, int, bool, int) { return false; }
+bool FirstBlockKernel::Supported(const FirstBlockShape&) { return false; }
 
 const char* FirstBlockKernel::Isa() { return "none"; }
 
-FirstBlockKernel::FirstBlockKernel(int, int, int, int, float, int, bool, bool, int) { NotBuilt(); }
+FirstBlockKernel::FirstBlockKernel(const FirstBlockShape&, bool, bool, int) { NotBuilt(); }
 
 double FirstBlockKernel::ConvFlops() const { NotBuilt(); }
 
+int64_t FirstBlockKernel::WorkspaceBytes() const { NotBuilt(); }
+
 void FirstBlockKernel::Forward(const float*, const float*, const float*, void*) { NotBuilt(); }
 
-void FirstBlockKernel::BackwardWeights(const float*, const float*, const float*, const void*, float*, float*) {
-  NotBuilt();
-}
+void FirstBlockKernel::BackwardWeights(const float*, const void*, float*, float*) { NotBuilt(); }
 
 bool FirstConvWeightGrad::Supported(int, int, int, int) { return false; }
 

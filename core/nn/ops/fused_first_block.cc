@@ -1,9 +1,14 @@
-// The fused first block: a 1-channel conv3d + leaky ReLU + average pool at the start of the network
-// as one op on our kernel (core/nn/kernels/first_block.h), which never writes the conv's output.
-// It reads the user's fp32 input directly and writes the channels-last layout the next conv
-// prefers. "first_block" in NetworkOptions::kernels: "fused" (default where the kernel supports
-// the block) or "onednn" (separate oneDNN ops).
+// The fused first block: a conv3d on 1-4 channels + leaky ReLU + average or max pool at the start
+// of the network as one op on our kernel (core/nn/kernels/first_block.h), which never writes the
+// conv's output. It reads the user's fp32 input directly and writes the layout the next conv
+// prefers. "first_block" in NetworkOptions::kernels: "fused", "onednn" (separate oneDNN ops) or
+// "auto" (the rule below).
 #include "core/nn/kernels/first_block.h"
+
+#include <cmath>
+#include <optional>
+#include <string>
+
 #include "core/nn/ops/conv3d.h"
 #include "core/nn/ops/ops.h"
 
@@ -16,11 +21,10 @@ using Dt = memory::data_type;
 
 class FusedFirstBlockOp : public Op {
  public:
-  FusedFirstBlockOp(OpArgs& a, const memory::desc& dst_desc, int channel_stride)
-      : Op(a.name + "+leaky+avg_pool0"),
-        kernel_(a.ctx.batch, static_cast<int>(a.src_md.dims()[2]), a.layers[0].filters,
-                a.layers[0].kernel, a.layers[1].alpha, a.layers[2].size, a.ctx.dt == Dt::bf16, a.ctx.training,
-                channel_stride),
+  FusedFirstBlockOp(OpArgs& a, const FirstBlockShape& shape, const memory::desc& dst_desc, int channel_stride)
+      : Op(a.name + (shape.max_pool ? "+leaky+max_pool0" : "+leaky+avg_pool0")),
+        kernel_(shape, a.ctx.dt == Dt::bf16, a.ctx.training, channel_stride),
+        pool_(shape.max_pool ? "maxpool" : "avgpool"),
         w_(*a.params[0]), b_(*a.params[1]) {
     params = {a.param_indices[0], a.param_indices[1]};
     dst_md = dst_desc;
@@ -30,13 +34,13 @@ class FusedFirstBlockOp : public Op {
   void SetUserInput(const float* x) override { input_ = x; }
   void Forward(OpContext& c) override { kernel_.Forward(input_, w_.value.data(), b_.value.data(), dst.get_data_handle()); }
   void Backward(OpContext& c, bool need_diff_src) override {
-    kernel_.BackwardWeights(input_, w_.value.data(), b_.value.data(), diff_dst.get_data_handle(), w_.grad.data(),
-                            b_.grad.data());
+    kernel_.BackwardWeights(input_, diff_dst.get_data_handle(), w_.grad.data(), b_.grad.data());
   }
   double FwdFlops() const override { return kernel_.ConvFlops(); }
   double BwdFlops(bool) const override { return kernel_.ConvFlops(); }
+  int64_t WorkspaceBytes() const override { return kernel_.WorkspaceBytes(); }
   std::vector<KernelChoice> Kernels() const override {
-    const std::string impl = std::string("cosmoflow:first_block(conv+leaky+avgpool, ") + FirstBlockKernel::Isa() + ")";
+    const std::string impl = "cosmoflow:first_block(conv+leaky+" + pool_ + ", " + FirstBlockKernel::Isa() + ")";
     std::vector<KernelChoice> k = {{name_, "fwd", "fused", impl}};
     if (kernel_training_) k.push_back({name_, "bwd_weights", "fused", impl});
     return k;
@@ -46,32 +50,64 @@ class FusedFirstBlockOp : public Op {
 
  private:
   FirstBlockKernel kernel_;
+  std::string pool_;
   ParamStore& w_;
   ParamStore& b_;
   const float* input_ = nullptr;
 };
 
-bool BlockFits(const OpArgs& a) {
+// The block's shape when the spec starts with conv3d (stride 1) + leaky_relu + a pool that the
+// kernel supports; nothing otherwise.
+std::optional<FirstBlockShape> BlockShape(const OpArgs& a) {
   const auto& L = a.layers;
-  if (a.index != 0 || L.size() < 3 || a.src_md.dims()[1] != 1) return false;
-  if (L[0].type != LayerType::kConv3d || L[1].type != LayerType::kLeakyRelu || L[2].type != LayerType::kAvgPool) {
-    return false;
+  if (a.index != 0 || L.size() < 3 || L[0].type != LayerType::kConv3d || L[0].stride != 1 ||
+      L[1].type != LayerType::kLeakyRelu ||
+      (L[2].type != LayerType::kAvgPool && L[2].type != LayerType::kMaxPool)) {
+    return std::nullopt;
   }
-  return FirstBlockKernel::Supported(static_cast<int>(a.src_md.dims()[2]), L[0].filters, L[0].kernel, L[0].stride,
-                                     L[0].same_padding, L[2].size);
+  const int64_t side = a.src_md.dims()[2];
+  const ConvGeometry cg = ConvGeometryFor(side, L[0].kernel, 1, L[0].same_padding);
+  FirstBlockShape b;
+  b.batch = static_cast<int>(a.ctx.batch);
+  b.channels = static_cast<int>(a.src_md.dims()[1]);
+  b.side = static_cast<int>(side);
+  b.filters = L[0].filters;
+  b.kernel = L[0].kernel;
+  b.pad_left = static_cast<int>(cg.pad_left);
+  b.out_side = static_cast<int>(cg.out);
+  b.alpha = L[1].alpha;
+  b.pool = L[2].size;
+  b.max_pool = L[2].type == LayerType::kMaxPool;
+  if (!FirstBlockKernel::Supported(b)) return std::nullopt;
+  return b;
+}
+
+// The rule. The kernel computes in fp32; in a bf16 network on a CPU with AMX, oneDNN runs the
+// conv on bf16 tiles at about twice that rate, so the fused block pays only where the memory
+// traffic it removes (the conv output written, pooled, and its gradient written and read) is
+// large: measured faster for mlperf's 512 MiB and sc18's 256 MiB (batch 4), slower for the
+// full-resolution study's 16 MiB (batch 16). Elsewhere (fp32, or bf16 without AMX) it always wins.
+constexpr double kAmxMinConvOutputBytes = 64.0 * (1 << 20);
+
+bool RuleFuses(const OpArgs& a, const FirstBlockShape& b) {
+  if (a.ctx.dt != Dt::bf16 || dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_core_amx) return true;
+  const double conv_output_bytes = 2.0 * b.batch * b.filters * std::pow(double(b.out_side), 3);
+  return conv_output_bytes >= kAmxMinConvOutputBytes;
 }
 
 }  // namespace
 
 std::unique_ptr<Op> MakeFusedFirstBlockOp(OpArgs& a) {
-  if (a.ctx.Forced(a.name, "", "first_block") == "onednn" || !BlockFits(a)) return nullptr;
+  const std::string forced = a.ctx.Forced(a.name, "", "first_block");
+  if (forced == "onednn") return nullptr;
+  const std::optional<FirstBlockShape> shape = BlockShape(a);
+  if (!shape || (forced != "fused" && !RuleFuses(a, *shape))) return nullptr;
   const auto& L = a.layers;
-  const int64_t side = a.src_md.dims()[2];
-  const int64_t f = L[0].filters, q = (side - L[0].kernel + 1) / L[2].size;
+  const int64_t f = shape->filters, q = shape->out_side / shape->pool;
   const memory::dims dims = {a.ctx.batch, f, q, q, q};
-  // Channels-last layouts the kernel can write, in order of preference when nothing decides.
+  // Layouts the kernel can write, in order of preference when nothing decides.
   std::vector<std::pair<memory::desc, int>> layouts;
-  if (f <= 16) layouts.push_back({memory::desc(dims, a.ctx.dt, Tag::nCdhw16c), 16});
+  layouts.push_back({memory::desc(dims, a.ctx.dt, Tag::nCdhw16c), 16});
   if (f <= 8) layouts.push_back({memory::desc(dims, a.ctx.dt, Tag::nCdhw8c), 8});
   layouts.push_back({memory::desc(dims, a.ctx.dt, Tag::ndhwc), static_cast<int>(f)});
   layouts.push_back({memory::desc(dims, a.ctx.dt, Tag::ncdhw), 0});
@@ -81,7 +117,7 @@ std::unique_ptr<Op> MakeFusedFirstBlockOp(OpArgs& a) {
     pick = PreferredConvSrcLayout(a.ctx, dims, L[3], layouts);
   }
   a.consumed = 3;
-  auto op = std::make_unique<FusedFirstBlockOp>(a, layouts[pick].first, layouts[pick].second);
+  auto op = std::make_unique<FusedFirstBlockOp>(a, *shape, layouts[pick].first, layouts[pick].second);
   op->kernel_training_ = a.ctx.training;
   return op;
 }

@@ -82,8 +82,11 @@ TEST(Conv3dTest, TransposedBackwardDataIsTheRuleForOneChannelBlockAndAgrees) {
 TEST(Conv3dTest, FirstConvWeightGradientMatchesOneDnnAndFiniteDifferences) {
   if (!FirstConvWeightGrad::Supported(2, 16, 3, 1))
     GTEST_SKIP() << "the first-conv weight-gradient kernel is built only for AVX-512 or AVX2 targets";
-  const KernelOptions ours = {{"conv0.bwd_weights", "first_conv_wgrad"}, {"conv0.layout", "channels_last"}};
-  const KernelOptions onednn = {{"conv0.bwd_weights", "onednn"}, {"conv0.layout", "channels_last"}};
+  // The block as separate ops (the fused first block would take it).
+  const KernelOptions ours = {
+      {"first_block", "onednn"}, {"conv0.bwd_weights", "first_conv_wgrad"}, {"conv0.layout", "channels_last"}};
+  const KernelOptions onednn = {
+      {"first_block", "onednn"}, {"conv0.bwd_weights", "onednn"}, {"conv0.layout", "channels_last"}};
   for (bool same : {true, false}) {
     for (int k : {3, 2}) {
       SCOPED_TRACE(std::string(same ? "same" : "valid") + " kernel " + std::to_string(k));
@@ -122,8 +125,11 @@ TEST(Conv3dTest, ChannelsLastWeightGradientMatchesOneDnnAndFiniteDifferences) {
                        ConvL(64, 3, 1, true), LeakyL(0.01f), FlattenL(), DenseL(3)}, 3),
        3},
   };
-  const KernelOptions ours = {{"conv.bwd_weights", "channels_last_wgrad"}, {"conv.layout", "channels_last"}};
-  const KernelOptions onednn = {{"conv.bwd_weights", "onednn"}, {"conv.layout", "channels_last"}};
+  // The first block as separate ops (the fused first block would take the first case's).
+  const KernelOptions ours = {
+      {"first_block", "onednn"}, {"conv.bwd_weights", "channels_last_wgrad"}, {"conv.layout", "channels_last"}};
+  const KernelOptions onednn = {
+      {"first_block", "onednn"}, {"conv.bwd_weights", "onednn"}, {"conv.layout", "channels_last"}};
   for (const Case& c : cases) {
     ASSERT_TRUE(c.spec.Validate().ok()) << c.spec.Validate().ToString();
     OursAndOneDnn run = RunOursAndOneDnn(c.spec, 2, ours, onednn, 51);
@@ -142,8 +148,9 @@ TEST(Conv3dTest, ChannelsLastWeightGradientMatchesOneDnnAndFiniteDifferences) {
 TEST(Conv3dTest, RuleTakesOurWeightGradientOnlyWhereOneDnnUsesGemm) {
   ModelSpec spec = MakeSpec(4, 10, {ConvL(16, 3, 1, true), LeakyL(0.01f), PoolL(false, 2), ConvL(32, 3, 1, true),
                                     LeakyL(0.01f), FlattenL(), DenseL(3)}, 3);
-  auto rule = MakeTrainingNet(spec, 2, {});
-  auto onednn = MakeTrainingNet(spec, 2, {{"conv.bwd_weights", "onednn"}});
+  // The first block as separate ops: the conv's own rule is under test, not the fused block.
+  auto rule = MakeTrainingNet(spec, 2, {{"first_block", "onednn"}});
+  auto onednn = MakeTrainingNet(spec, 2, {{"first_block", "onednn"}, {"conv.bwd_weights", "onednn"}});
   ASSERT_TRUE(rule && onednn);
   const auto chosen = rule->ChosenKernels();
   const auto reference = onednn->ChosenKernels();
