@@ -82,17 +82,20 @@ std::optional<FirstBlockShape> BlockShape(const OpArgs& a) {
   return b;
 }
 
-// The rule. The kernel computes in fp32; in a bf16 network on a CPU with AMX, oneDNN runs the
-// conv on bf16 tiles at about twice that rate, so the fused block pays only where the memory
-// traffic it removes (the conv output written, pooled, and its gradient written and read) is
-// large: measured faster for mlperf's 512 MiB and sc18's 256 MiB (batch 4), slower for the
-// full-resolution study's 16 MiB (batch 16). Elsewhere (fp32, or bf16 without AMX) it always wins.
-constexpr double kAmxMinConvOutputBytes = 64.0 * (1 << 20);
+// The rule. The kernel computes in fp32; in a bf16 network on a CPU with AMX, oneDNN runs a
+// multi-channel conv on bf16 tiles at about twice that rate, so there the fused block pays only
+// where the memory traffic it removes (the conv output written and pooled, in training its
+// gradient written and read) is large. Per sample, so the choice does not depend on the batch:
+// measured faster for mlperf's 128 MiB, slower for the full-resolution study's 1 MiB (32^3
+// sub-cubes, 16 filters). oneDNN's 1-channel conv (sc18) is slow in bf16 on every CPU measured,
+// and fp32 or bf16 without AMX always favours the fused block.
+constexpr double kAmxMinConvOutputBytesPerSample = 16.0 * (1 << 20);
 
 bool RuleFuses(const OpArgs& a, const FirstBlockShape& b) {
   if (a.ctx.dt != Dt::bf16 || dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_core_amx) return true;
-  const double conv_output_bytes = 2.0 * b.batch * b.filters * std::pow(double(b.out_side), 3);
-  return conv_output_bytes >= kAmxMinConvOutputBytes;
+  if (b.channels == 1) return true;
+  const double conv_output_bytes = 2.0 * b.filters * std::pow(double(b.out_side), 3);
+  return conv_output_bytes >= kAmxMinConvOutputBytesPerSample;
 }
 
 }  // namespace
