@@ -50,6 +50,11 @@ void WorkingWeights::Init(OpContext& c, const memory::desc& plain, float* value,
       to_bwd = dnnl::reorder(master, bwd);
     }
   }
+  // The working copies hold the master's values from the start, not whatever the allocator
+  // returned: kernel selection by measurement times oneDNN on them before the first step, and
+  // stale heap bytes read as denormals made conv0's forward time 50x too slow.
+  Refresh(c);
+  c.strm.wait();
 }
 
 void WorkingWeights::Refresh(OpContext& c) {
