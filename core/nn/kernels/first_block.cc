@@ -311,6 +311,26 @@ using nn_internal::SumPartialsInThreadOrder;
 
 constexpr float kPositiveCode = 128.f;  // a max-pool code: window index + 128 if the max is > 0
 
+// Where filter group g (16 lanes) of a pooled voxel lives in the output's layout of CS-channel
+// blocks (the header's formula): element (ni, voxel, lane) at At(ni, voxel) + lane, `lanes` of them.
+struct GroupPlace {
+  int64_t blocks = 0, q3 = 0;
+  int block = 0, offset = 0, cs = 0, lanes = kLanes;
+  int64_t At(int ni, int64_t voxel) const { return ((ni * blocks + block) * q3 + voxel) * cs + offset; }
+};
+
+GroupPlace PlaceOf(int cs, int f, int g, int q) {
+  GroupPlace p;
+  p.q3 = int64_t{q} * q * q;
+  if (cs == 0) return p;  // planar: no blocks
+  p.cs = cs;
+  p.blocks = (f + cs - 1) / cs;
+  p.block = g * kLanes / cs;
+  p.offset = g * kLanes % cs;
+  p.lanes = std::min(kLanes, cs - p.offset);
+  return p;
+}
+
 }  // namespace
 
 bool FirstBlockKernel::Supported(const FirstBlockShape& b) {
@@ -441,9 +461,8 @@ void FirstBlockKernel::StorePooledRow(int ni, int qd, int qh, int g, float* pacc
     Store(pacc + qw * kLanes, v);
   }
   // Unused filter lanes hold exact zeros (zero weights and bias), as padded blocked layouts require.
-  const int64_t blocks = cs_ == 0 ? 0 : (f_ + cs_ - 1) / cs_;
-  const int block = cs_ == 0 ? 0 : g * kLanes / cs_, offset = cs_ == 0 ? 0 : g * kLanes % cs_;
-  const LaneMask lanes = FirstLanes(std::min(kLanes, cs_ - offset));
+  const GroupPlace place = PlaceOf(cs_, f_, g, q);
+  const LaneMask lanes = FirstLanes(place.lanes);
   for (int qw = 0; qw < q; ++qw) {
     const V16 v = Load(pacc + qw * kLanes);
     const int64_t voxel = voxel0 + qw;
@@ -460,7 +479,7 @@ void FirstBlockKernel::StorePooledRow(int ni, int qd, int qh, int g, float* pacc
       }
       continue;
     }
-    const int64_t at = ((ni * blocks + block) * q3 + voxel) * cs_ + offset;
+    const int64_t at = place.At(ni, voxel);
     if (bf16_) {
       StoreBf16First(static_cast<uint16_t*>(dst) + at, v, lanes);
     } else {
@@ -506,9 +525,8 @@ void FirstBlockKernel::Forward(const float* src, const float* weights, const flo
 void FirstBlockKernel::DconvRow(const void* diff_dst, int ni, int d, int h, int g, float* dconv, float* bias_acc) {
   const int q = q_, p = p_, qp = q_ * p_;
   const int64_t q3 = int64_t{q} * q * q, voxel0 = (int64_t{d / p} * q + h / p) * q;
-  const int64_t blocks = cs_ == 0 ? 0 : (f_ + cs_ - 1) / cs_;
-  const int block = cs_ == 0 ? 0 : g * kLanes / cs_, offset = cs_ == 0 ? 0 : g * kLanes % cs_;
-  const LaneMask lanes = FirstLanes(cs_ == 0 ? kLanes : std::min(kLanes, cs_ - offset));
+  const GroupPlace place = PlaceOf(cs_, f_, g, q);
+  const LaneMask lanes = FirstLanes(place.lanes);
   const V16 alpha_v = Set1(alpha_), scale = Set1(1.f / static_cast<float>(p * p * p));
   const uint16_t* mrow = mask_.empty() ? nullptr : mask_.data() + ((int64_t{ni} * qp + d) * qp + h) * qp * g_ + g;
   const int window0 = ((d % p) * p + h % p) * p;
@@ -525,7 +543,7 @@ void FirstBlockKernel::DconvRow(const void* diff_dst, int ni, int d, int h, int 
       }
       gv = Load(tmp);
     } else {
-      const int64_t at = ((ni * blocks + block) * q3 + voxel) * cs_ + offset;
+      const int64_t at = place.At(ni, voxel);
       gv = bf16_ ? LoadBf16First(static_cast<const uint16_t*>(diff_dst) + at, lanes)
                  : LoadFirst(static_cast<const float*>(diff_dst) + at, lanes);
     }
