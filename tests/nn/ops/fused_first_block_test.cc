@@ -4,7 +4,9 @@
 #include "core/nn/kernels/first_block.h"
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "tests/nn/test_util.h"
@@ -111,6 +113,38 @@ TEST(FusedFirstBlockTest, MlperfBlockFusedAndGenericPathsAgree) {
   // later blocks) whose two largest values lie within rounding route their gradient to different
   // voxels: measured differences of 2e-4 to 6e-4 of a tensor's largest gradient element.
   ExpectSameGradients(*fused, *generic, 1e-3);
+}
+
+// Whether /proc/cpuinfo lists AMX with bf16 tiles.
+bool CpuHasAmxBf16() {
+  std::ifstream in("/proc/cpuinfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str().find(" amx_bf16") != std::string::npos;
+}
+
+// The rule: fused wherever supported in fp32; in bf16 on an AMX CPU oneDNN keeps a multi-channel
+// block whose conv output is under 16 MiB per sample (the study network's 4 x 32^3 block) but
+// never a 1-channel one (oneDNN's 1-channel bf16 conv is slow); forcing either way wins.
+TEST(FusedFirstBlockTest, RuleKeepsOneDnnOnlyForSmallMultiChannelBf16BlocksOnAmx) {
+  if (std::string(FirstBlockKernel::Isa()) == "none")
+    GTEST_SKIP() << "the fused first block is built only for AVX-512 or AVX2 targets (this build has neither)";
+  const auto study = MakeSpec(4, 32, {ConvL(16, 3, 1, true), LeakyL(0.01f), PoolL(false, 2), ConvL(32, 3, 1, true),
+                                      LeakyL(0.01f), FlattenL(), DenseL(3)}, 3);
+  const auto one_channel = MakeSpec(1, 32, {ConvL(16, 3), LeakyL(0.01f), PoolL(false, 2), ConvL(16, 3),
+                                            LeakyL(0.01f), FlattenL(), DenseL(3)}, 3);
+  auto fp32 = MakeTrainingNet(study, 2, {});
+  ASSERT_TRUE(fp32);
+  EXPECT_EQ(CountKernel(*fp32, "fwd", "fused"), 1u);
+  if (!Bf16Supported()) GTEST_SKIP() << "no bf16 on this CPU: the bf16 half of the rule cannot run";
+  const bool amx = CpuHasAmxBf16();
+  auto bf16 = MakeNet(study, 2, true, Precision::kBf16);
+  auto bf16_forced = MakeNet(study, 2, true, Precision::kBf16, 1, {{"first_block", "fused"}});
+  auto bf16_one = MakeNet(one_channel, 2, true, Precision::kBf16);
+  ASSERT_TRUE(bf16 && bf16_forced && bf16_one);
+  EXPECT_EQ(CountKernel(*bf16, "fwd", "fused"), amx ? 0u : 1u);
+  EXPECT_EQ(CountKernel(*bf16_forced, "fwd", "fused"), 1u);
+  EXPECT_EQ(CountKernel(*bf16_one, "fwd", "fused"), 1u);
 }
 
 // fp32 training runs channels-last after the fused first block when oneDNN has real kernels for it
