@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -102,6 +104,14 @@ inline std::unique_ptr<Network> MakeNet(const ModelSpec& spec, int batch, bool t
 // A training network of `spec` with the given kernel choices (NetworkOptions::kernels).
 inline std::unique_ptr<Network> MakeTrainingNet(const ModelSpec& spec, int batch, KernelOptions kernels) {
   return MakeNet(spec, batch, true, Precision::kFp32, 1, std::move(kernels));
+}
+
+// Whether /proc/cpuinfo lists AMX with bf16 tiles.
+inline bool CpuHasAmxBf16() {
+  std::ifstream in("/proc/cpuinfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str().find(" amx_bf16") != std::string::npos;
 }
 
 // bf16 tests run where the CPU has AVX512-BF16 or AMX. Elsewhere a bf16 network must be refused with

@@ -166,14 +166,6 @@ TEST(Conv3dTest, RuleTakesOurWeightGradientOnlyWhereOneDnnUsesGemm) {
   EXPECT_EQ(convs, 2u);
 }
 
-// Whether /proc/cpuinfo lists AMX with bf16 tiles.
-bool CpuHasAmxBf16() {
-  std::ifstream in("/proc/cpuinfo");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str().find(" amx_bf16") != std::string::npos;
-}
-
 // Passes of convs after the first op whose oneDNN implementation runs on AMX tiles.
 size_t AmxPasses(const Network& net) {
   size_t n = 0;

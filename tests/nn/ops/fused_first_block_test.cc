@@ -4,9 +4,7 @@
 #include "core/nn/kernels/first_block.h"
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "tests/nn/test_util.h"
@@ -113,14 +111,6 @@ TEST(FusedFirstBlockTest, MlperfBlockFusedAndGenericPathsAgree) {
   // later blocks) whose two largest values lie within rounding route their gradient to different
   // voxels: measured differences of 2e-4 to 6e-4 of a tensor's largest gradient element.
   ExpectSameGradients(*fused, *generic, 1e-3);
-}
-
-// Whether /proc/cpuinfo lists AMX with bf16 tiles.
-bool CpuHasAmxBf16() {
-  std::ifstream in("/proc/cpuinfo");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str().find(" amx_bf16") != std::string::npos;
 }
 
 // The rule: fused wherever supported in fp32; in bf16 on an AMX CPU oneDNN keeps a multi-channel
