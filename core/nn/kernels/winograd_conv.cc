@@ -7,9 +7,11 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "core/nn/kernels/aligned_floats.h"
 #include "core/nn/kernels/vec16.h"
+#include "core/nn/network_internal.h"
 
 namespace cosmoflow {
 namespace {
@@ -254,12 +256,23 @@ void ChannelBases(T* x, const ActivationLayout& layout, int channels, int c0, in
   }
 }
 
+// Element access for fp32 and bf16 tensors (uint16_t bit patterns).
+inline V16 LoadElems(const float* p) { return Load(p); }
+inline V16 LoadElems(const uint16_t* p) { return LoadBf16(p); }
+inline void StoreElems(float* p, V16 v) { Store(p, v); }
+inline void StoreElems(uint16_t* p, V16 v) { StoreBf16(p, v); }
+inline float Widen(float v) { return v; }
+inline float Widen(uint16_t v) { return nn_internal::Bf16ToF32(v); }
+inline void Narrow(float* p, float v) { *p = v; }
+inline void Narrow(uint16_t* p, float v) { *p = nn_internal::F32ToBf16(v); }
+
 // Copies channels [c0, c0 + 16) of sample n's cube of `span`^3 voxels from (d0, h0, w0) into t
 // (span^3 vectors of 16), zero outside the tensor's `side`^3 voxels and past its channels.
-void GatherCube(const float* x, const ActivationLayout& layout, int channels, int c0, int64_t n, int side, int d0,
+template <class T>
+void GatherCube(const T* x, const ActivationLayout& layout, int channels, int c0, int64_t n, int side, int d0,
                 int h0, int w0, int span, float* t) {
   const bool fast = Contiguous16(layout, channels, c0);
-  const float* base[16];
+  const T* base[16];
   ChannelBases(x, layout, channels, c0, n, fast, base);
   for (int z = 0; z < span; ++z) {
     for (int y = 0; y < span; ++y) {
@@ -272,9 +285,9 @@ void GatherCube(const float* x, const ActivationLayout& layout, int channels, in
         }
         const int64_t at = ((int64_t{d} * side + h) * side + e) * layout.voxel_stride;
         if (fast) {
-          Store(v, Load(base[0] + at));
+          Store(v, LoadElems(base[0] + at));
         } else {
-          for (int c = 0; c < 16; ++c) v[c] = base[c] ? base[c][at] : 0.f;
+          for (int c = 0; c < 16; ++c) v[c] = base[c] ? Widen(base[c][at]) : 0.f;
         }
       }
     }
@@ -318,8 +331,9 @@ double WinogradConv3d::FlopRatio(const Conv3dShape& s) {
   return s.DirectFlops() / (2.0 * Tiles(s) * (in_transform + out_transform + product));
 }
 
-WinogradConv3d::WinogradConv3d(const Conv3dShape& shape, const ActivationLayout& src, const ActivationLayout& dst)
-    : s_(shape), m_(OutputTile(shape.kernel)), src_(src), dst_(dst) {
+WinogradConv3d::WinogradConv3d(const Conv3dShape& shape, const ActivationLayout& src, const ActivationLayout& dst,
+                               Io io)
+    : s_(shape), io_(io), m_(OutputTile(shape.kernel)), src_(src), dst_(dst) {
   if (m_ == 0) throw std::invalid_argument("winograd conv: kernel side " + std::to_string(s_.kernel) + " outside 2..4");
   nt_ = (s_.out_side + m_ - 1) / m_;
   cp_ = RoundUp16(s_.in_channels);
@@ -409,21 +423,25 @@ WinogradConv3d::TileOrigin WinogradConv3d::Origin(int64_t tile) const {
 }
 
 // B^T x B^T x B^T of the input tile (a^3 voxels from the tile's origin - pad, zero outside), 16
-// channels at a time, into b.v[point][slot]. Tiles inside the input whose 16 channels are
-// contiguous are read in place; others are gathered first.
-void WinogradConv3d::InputTransform(const float* src, int64_t tile, int slot, Buffers& b) const {
+// channels at a time, into b.v[point][slot]. fp32 tiles inside the input whose 16 channels are
+// contiguous are read in place; others (and every bf16 tile, widened) are gathered first.
+template <class T>
+void WinogradConv3d::InputTransform(const T* src, int64_t tile, int slot, Buffers& b) const {
   const TileOrigin o = Origin(tile);
   const int side = s_.in_side, C = s_.in_channels;
   const int d0 = o.d - s_.pad_left, h0 = o.h - s_.pad_left, w0 = o.w - s_.pad_left;
-  const bool inside = d0 >= 0 && h0 >= 0 && w0 >= 0 && d0 + kA <= side && h0 + kA <= side && w0 + kA <= side;
-  const int64_t vs = src_.voxel_stride, out_stride = int64_t{tiles_per_block_} * cp_;
+  [[maybe_unused]] const bool inside =
+      d0 >= 0 && h0 >= 0 && w0 >= 0 && d0 + kA <= side && h0 + kA <= side && w0 + kA <= side;
+  [[maybe_unused]] const int64_t vs = src_.voxel_stride;
+  const int64_t out_stride = int64_t{tiles_per_block_} * cp_;
   for (int c0 = 0; c0 < cp_; c0 += 16) {
     float* out = b.v.data() + int64_t{slot} * cp_ + c0;
-    const bool fast = Contiguous16(src_, C, c0);
-    if (fast && inside) {
-      const float* p = src + src_.Offset(o.n, c0, (int64_t{d0} * side + h0) * side + w0);
-      Transform3d<kA, kA>(InputAxis{bt_.data()}, {p, int64_t{side} * side * vs, side * vs, vs}, out, out_stride);
-      continue;
+    if constexpr (std::is_same_v<T, float>) {
+      if (inside && Contiguous16(src_, C, c0)) {
+        const float* p = src + src_.Offset(o.n, c0, (int64_t{d0} * side + h0) * side + w0);
+        Transform3d<kA, kA>(InputAxis{bt_.data()}, {p, int64_t{side} * side * vs, side * vs, vs}, out, out_stride);
+        continue;
+      }
     }
     float* t = b.tile.data();
     GatherCube(src, src_, C, c0, o.n, side, d0, h0, w0, kA, t);
@@ -433,7 +451,8 @@ void WinogradConv3d::InputTransform(const float* src, int64_t tile, int slot, Bu
 
 // Gathers the output-gradient tile (m^3 voxels, zero past the output) 16 filters at a time, adds it
 // to the bias sums and writes A x A x A of it into b.m[point][slot].
-void WinogradConv3d::OutputGradientTransform(const float* diff_dst, int64_t tile, int slot, Buffers& b,
+template <class T>
+void WinogradConv3d::OutputGradientTransform(const T* diff_dst, int64_t tile, int slot, Buffers& b,
                                              double* bias_sum) const {
   const TileOrigin o = Origin(tile);
   const int side = s_.out_side, F = s_.filters;
@@ -450,7 +469,8 @@ void WinogradConv3d::OutputGradientTransform(const float* diff_dst, int64_t tile
 
 // A^T x A^T x A^T of b.m[point][slot], 16 filters at a time, plus bias and the leaky ReLU, into
 // the tile's voxels of dst that lie inside the output.
-void WinogradConv3d::OutputTransform(int64_t tile, int slot, const float* bias, float alpha, float* dst,
+template <class T>
+void WinogradConv3d::OutputTransform(int64_t tile, int slot, const float* bias, float alpha, T* dst,
                                      Buffers& b) const {
   const TileOrigin o = Origin(tile);
   const int side = s_.out_side, F = s_.filters;
@@ -462,7 +482,7 @@ void WinogradConv3d::OutputTransform(int64_t tile, int slot, const float* bias, 
     V16 bv{};
     for (int f = 0; f < 16 && f0 + f < F; ++f) bv[f] = bias ? bias[f0 + f] : 0.f;
     const bool fast = Contiguous16(dst_, F, f0);
-    float* base[16];
+    T* base[16];
     ChannelBases(dst, dst_, F, f0, o.n, fast, base);
     for (int z = 0; z < dn; ++z) {
       for (int y = 0; y < hn; ++y) {
@@ -471,10 +491,10 @@ void WinogradConv3d::OutputTransform(int64_t tile, int slot, const float* bias, 
           if (alpha >= 0.f) v = v < 0.f ? v * alpha : v;
           const int64_t at = ((int64_t{o.d + z} * side + o.h + y) * side + o.w + x) * dst_.voxel_stride;
           if (fast) {
-            Store(base[0] + at, v);
+            StoreElems(base[0] + at, v);
           } else {
             for (int f = 0; f < 16; ++f) {
-              if (base[f]) base[f][at] = v[f];
+              if (base[f]) Narrow(base[f] + at, v[f]);
             }
           }
         }
@@ -483,7 +503,24 @@ void WinogradConv3d::OutputTransform(int64_t tile, int slot, const float* bias, 
   }
 }
 
-void WinogradConv3d::Forward(const float* src, float* dst, const float* bias, float alpha) const {
+void WinogradConv3d::Forward(const void* src, void* dst, const float* bias, float alpha) const {
+  if (io_ == Io::kBf16) {
+    ForwardT(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), bias, alpha);
+  } else {
+    ForwardT(static_cast<const float*>(src), static_cast<float*>(dst), bias, alpha);
+  }
+}
+
+void WinogradConv3d::BackwardWeights(const void* src, const void* diff_dst, float* grad_w, float* grad_b) const {
+  if (io_ == Io::kBf16) {
+    BackwardWeightsT(static_cast<const uint16_t*>(src), static_cast<const uint16_t*>(diff_dst), grad_w, grad_b);
+  } else {
+    BackwardWeightsT(static_cast<const float*>(src), static_cast<const float*>(diff_dst), grad_w, grad_b);
+  }
+}
+
+template <class T>
+void WinogradConv3d::ForwardT(const T* src, T* dst, const float* bias, float alpha) const {
   const int tb = tiles_per_block_;
   const int64_t tiles = int64_t{s_.batch} * nt_ * nt_ * nt_, blocks = (tiles + tb - 1) / tb;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
@@ -501,7 +538,8 @@ void WinogradConv3d::Forward(const float* src, float* dst, const float* bias, fl
   }
 }
 
-void WinogradConv3d::BackwardWeights(const float* src, const float* diff_dst, float* grad_w, float* grad_b) const {
+template <class T>
+void WinogradConv3d::BackwardWeightsT(const T* src, const T* diff_dst, float* grad_w, float* grad_b) const {
   const int C = s_.in_channels, F = s_.filters, k = s_.kernel, tb = tiles_per_block_;
   const int64_t tiles = int64_t{s_.batch} * nt_ * nt_ * nt_, blocks = (tiles + tb - 1) / tb;
   for (int i = 0; i < threads_; ++i) {

@@ -1,5 +1,5 @@
-// Winograd-tiled 3D convolution F(m^3, k^3), fp32, stride 1: the forward pass, and through it the
-// backward-data pass, and the backward-weights pass.
+// Winograd-tiled 3D convolution F(m^3, k^3), stride 1, fp32 arithmetic on fp32 or bf16 tensors: the
+// forward pass, and through it the backward-data pass, and the backward-weights pass.
 //
 // The correlation y[n][f][o] = sum_c sum_i x[n][c][o + i - pad] w[f][c][i] (Conv3dShape) is cut
 // into output tiles of m^3 voxels, each reading an input tile of a^3 voxels (a = m + k - 1 = 6:
@@ -20,6 +20,9 @@
 // Accuracy: at sc18's and mlperf's shapes the forward and backward-data passes are within 1-4e-5
 // of the largest output and the weight gradient within 9e-5 (bench/engine/conv_accuracy; oneDNN's
 // fp32 kernels: up to 2.3e-5); the tests bound the error at 5e-5 of a random-sign sum's scale.
+// bf16 tensors (Io::kBf16: src, dst and diff_dst as bf16 bit patterns, weights and gradients fp32)
+// are widened as tiles are gathered and rounded (to nearest even) as outputs are stored; the
+// arithmetic stays fp32, so the result is the fp32 convolution of the bf16 inputs, rounded once.
 // Layouts: any ActivationLayout. Threads: OpenMP over blocks of tiles, each thread with its own
 // buffers; the weight gradient's per-thread partial sums are added in thread order, so results are
 // bit-reproducible for a fixed thread count. Workspaces are allocated at construction (the weight
@@ -50,7 +53,10 @@ class WinogradConv3d {
   // Direct flops / the Winograd path's multiply-add flops (transforms included): the rule's measure.
   static double FlopRatio(const Conv3dShape& s);
 
-  WinogradConv3d(const Conv3dShape& shape, const ActivationLayout& src, const ActivationLayout& dst);
+  enum class Io { kF32, kBf16 };  // the element type of src, dst and diff_dst
+
+  WinogradConv3d(const Conv3dShape& shape, const ActivationLayout& src, const ActivationLayout& dst,
+                 Io io = Io::kF32);
   ~WinogradConv3d();
   WinogradConv3d(const WinogradConv3d&) = delete;
   WinogradConv3d& operator=(const WinogradConv3d&) = delete;
@@ -60,10 +66,11 @@ class WinogradConv3d {
   // flipped in space. Call after every change of the weights.
   void SetWeights(const float* w, bool flip_transpose = false);
   // dst = correlation(src, w) (+ bias[f] if bias) then leaky ReLU with slope alpha when alpha >= 0.
-  void Forward(const float* src, float* dst, const float* bias, float alpha) const;
-  // Weight and bias gradients from src (src layout) and diff_dst (dst layout): overwrites
-  // grad_w (filters x in_channels x k^3 plain) and grad_b (filters; skipped when null).
-  void BackwardWeights(const float* src, const float* diff_dst, float* grad_w, float* grad_b) const;
+  // src and dst hold floats, or bf16 bit patterns (uint16) with Io::kBf16.
+  void Forward(const void* src, void* dst, const float* bias, float alpha) const;
+  // Weight and bias gradients from src (src layout) and diff_dst (dst layout), both of the Io type:
+  // overwrites grad_w (filters x in_channels x k^3 plain, fp32) and grad_b (filters; skipped when null).
+  void BackwardWeights(const void* src, const void* diff_dst, float* grad_w, float* grad_b) const;
 
   int tile() const { return m_; }
   int64_t WorkspaceBytes() const;
@@ -75,11 +82,20 @@ class WinogradConv3d {
     int d, h, w;  // output voxel of the tile's corner
   };
   TileOrigin Origin(int64_t tile) const;
-  void InputTransform(const float* src, int64_t tile, int slot, Buffers& b) const;
-  void OutputGradientTransform(const float* diff_dst, int64_t tile, int slot, Buffers& b, double* bias_sum) const;
-  void OutputTransform(int64_t tile, int slot, const float* bias, float alpha, float* dst, Buffers& b) const;
+  // T: float, or uint16_t for bf16 bit patterns.
+  template <class T>
+  void ForwardT(const T* src, T* dst, const float* bias, float alpha) const;
+  template <class T>
+  void BackwardWeightsT(const T* src, const T* diff_dst, float* grad_w, float* grad_b) const;
+  template <class T>
+  void InputTransform(const T* src, int64_t tile, int slot, Buffers& b) const;
+  template <class T>
+  void OutputGradientTransform(const T* diff_dst, int64_t tile, int slot, Buffers& b, double* bias_sum) const;
+  template <class T>
+  void OutputTransform(int64_t tile, int slot, const float* bias, float alpha, T* dst, Buffers& b) const;
 
   Conv3dShape s_;
+  Io io_ = Io::kF32;
   int m_ = 0, nt_ = 0;
   int cp_ = 0, fp_ = 0;  // channels and filters rounded up to 16
   int tiles_per_block_ = 8;

@@ -82,10 +82,53 @@ TEST_P(Conv3dTiledTest, TrainsToTheSameLossAsDirectKernels) {
   EXPECT_LT(last[1], 0.5 * first[1]);
 }
 
-// The rule (no forcing, no measurement) takes Winograd in every pass of a stride-1 fp32 conv whose
+// Winograd in a bf16 training network (bf16 tensors, fp32 arithmetic), forced in every pass: it
+// runs, and its output and gradients are at least as close to the fp32 network's as those of
+// oneDNN's bf16 kernels (relative L2 error per parameter tensor; both paths round the same
+// activations to bf16, Winograd's convolutions themselves add no bf16 rounding).
+TEST(Conv3dTiledBf16Test, WinogradIsAsCloseToFp32AsOneDnnBf16) {
+  SKIP_WITHOUT_BF16();
+  ModelSpec spec = TiledSpec();
+  const int batch = 2;
+  auto f32 = MakeNet(spec, batch, true, Precision::kFp32, 7, kDirect);
+  auto wino = MakeNet(spec, batch, true, Precision::kBf16, 7, Forced("winograd"));
+  auto direct = MakeNet(spec, batch, true, Precision::kBf16, 7, kDirect);
+  ASSERT_TRUE(f32 && wino && direct);
+  if (CountKernel(*wino, "fwd", "winograd") == 0) GTEST_SKIP() << "no conv here has a layout the Winograd kernel reads";
+  EXPECT_EQ(CountKernel(*wino, "fwd", "winograd"), 3u);
+  EXPECT_EQ(CountKernel(*wino, "bwd_weights", "winograd"), 3u);
+  EXPECT_EQ(CountKernel(*wino, "bwd_data", "winograd"), 2u);
+  auto x = RandomVector(InputSize(spec) * batch, 81, 0.f, 2.f);
+  auto r = RandomVector(batch * 3, 82);
+  std::vector<float> y[3];
+  Network* nets[3] = {f32.get(), wino.get(), direct.get()};
+  for (int i = 0; i < 3; ++i) {
+    y[i].resize(batch * 3);
+    nets[i]->Forward(x.data(), y[i].data());
+    nets[i]->Backward(r.data());
+  }
+  auto rel_error = [](const float* a, const float* ref, int64_t n) {
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; ++i) d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]), s += double(ref[i]) * ref[i];
+    return std::sqrt(d / (s + 1e-30));
+  };
+  const double out_wino = rel_error(y[1].data(), y[0].data(), batch * 3);
+  const double out_direct = rel_error(y[2].data(), y[0].data(), batch * 3);
+  EXPECT_GT(out_wino, 0.0);  // really ran in reduced precision
+  EXPECT_LE(out_wino, 1.5 * out_direct + 2e-3) << "output";
+  for (size_t pi = 0; pi < f32->parameters().size(); ++pi) {
+    const Parameter& ref = f32->parameters()[pi];
+    const double e_wino = rel_error(wino->parameters()[pi].grad, ref.grad, ref.numel());
+    const double e_direct = rel_error(direct->parameters()[pi].grad, ref.grad, ref.numel());
+    EXPECT_LE(e_wino, 1.5 * e_direct + 2e-3) << ref.name << ": winograd " << e_wino << ", onednn bf16 " << e_direct;
+    EXPECT_LT(e_wino, 0.05) << ref.name;
+  }
+}
+
+// The rule (no forcing, no measurement) takes Winograd in every pass of a stride-1 conv whose
 // modelled flop ratio is at least 3 on enough tiles (the 16 -> 32 4^3 conv: 9^3 tiles per cube),
-// and not for few input channels (padded to 16 lanes), a kernel side of 5, a stride of 2, a small
-// cube (the last conv: 4^3 tiles per cube) or bf16.
+// and not for few input channels (padded to 16 lanes), a kernel side of 5, a stride of 2 or a small
+// cube (the last conv: 4^3 tiles per cube); in bf16 the same, but only on a CPU without AMX.
 TEST(Conv3dTiledRuleTest, TakesWinogradWhereItSavesWork) {
   ModelSpec spec = MakeSpec(2, 32, {ConvL(16, 3), LeakyL(0.1f), ConvL(32, 4), LeakyL(0.1f), ConvL(32, 5, 1, true),
                                     ConvL(32, 3, 2, true), ConvL(32, 3, 1, true), FlattenL(), DenseL(3)}, 3);
@@ -97,13 +140,17 @@ TEST(Conv3dTiledRuleTest, TakesWinogradWhereItSavesWork) {
     EXPECT_EQ(CountKernel(*net, pass, "winograd"), 1u) << pass;
     EXPECT_EQ(CountKernel(*net, pass, "winograd", "conv1"), 1u) << pass << ": the 16 -> 32 4^3 conv";
   }
-  NetworkOptions bf16;
-  bf16.batch = 2;
-  bf16.training = true;
-  bf16.precision = Precision::kBf16;
-  auto net16 = Network::Create(spec, bf16);
-  ASSERT_TRUE(net16.ok()) << net16.status().ToString();
-  EXPECT_EQ(CountKernel(**net16, "", "winograd"), 0u);
+  if (!Bf16Supported()) return;
+  auto net16 = MakeNet(spec, 2, true, Precision::kBf16);
+  ASSERT_TRUE(net16);
+  if (CpuHasAmxBf16()) {
+    EXPECT_EQ(CountKernel(*net16, "", "winograd"), 0u) << "AMX: oneDNN's bf16 kernels";
+  } else {
+    for (const char* pass : {"fwd", "bwd_data", "bwd_weights"}) {
+      EXPECT_EQ(CountKernel(*net16, pass, "winograd", "conv1"), 1u) << pass << ": bf16 without AMX";
+      EXPECT_EQ(CountKernel(*net16, pass, "winograd"), 1u) << pass;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Conv3dTiledTest, ::testing::Values("fft", "winograd"));
