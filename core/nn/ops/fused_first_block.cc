@@ -82,20 +82,21 @@ std::optional<FirstBlockShape> BlockShape(const OpArgs& a) {
   return b;
 }
 
-// The rule. The kernel computes in fp32; in a bf16 network on a CPU with AMX, oneDNN runs a
-// multi-channel conv on bf16 tiles at about twice that rate, so there the fused block pays only
-// where the memory traffic it removes (the conv output written and pooled, in training its
-// gradient written and read) is large. Per sample, so the choice does not depend on the batch:
-// measured faster for mlperf's 128 MiB, slower for the full-resolution study's 1 MiB (32^3
-// sub-cubes, 16 filters). oneDNN's 1-channel conv (sc18) is slow in bf16 on every CPU measured,
-// and fp32 or bf16 without AMX always favours the fused block.
-constexpr double kAmxMinConvOutputBytesPerSample = 16.0 * (1 << 20);
+// The rule. The kernel computes in fp32; in a bf16 network oneDNN runs a multi-channel conv at
+// about twice that rate (AMX tiles, or AVX512-BF16 dot products), so there the fused block pays
+// only where the memory it removes (the conv output written and pooled, in training its gradient
+// written and read) is large. Per sample, so the choice does not depend on the batch. Measured:
+// the full-resolution study's 1 MiB block (32^3 sub-cubes, 16 filters) runs faster in oneDNN on
+// AMX (13%) and on a Zen 4 (25%); mlperf's 128 MiB block runs faster fused on AMX, and on a Zen 4
+// 1.33x slower fused but in half the peak memory (0.9 against 1.8 GiB at batch 4), which the rule
+// keeps (first_block=onednn trades it back). oneDNN's 1-channel bf16 conv (sc18) is slow on every
+// CPU measured, and in fp32 the fused block always wins.
+constexpr double kBf16MinConvOutputBytesPerSample = 16.0 * (1 << 20);
 
 bool RuleFuses(const OpArgs& a, const FirstBlockShape& b) {
-  if (a.ctx.dt != Dt::bf16 || dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_core_amx) return true;
-  if (b.channels == 1) return true;
+  if (a.ctx.dt != Dt::bf16 || b.channels == 1) return true;
   const double conv_output_bytes = 2.0 * b.filters * std::pow(double(b.out_side), 3);
-  return conv_output_bytes >= kAmxMinConvOutputBytesPerSample;
+  return conv_output_bytes >= kBf16MinConvOutputBytesPerSample;
 }
 
 }  // namespace
