@@ -1,5 +1,6 @@
-// batch_norm: training forward against the naive batch reference, gradients against finite
-// differences, running statistics, inference from the running statistics, and the layer's spec.
+// batch_norm: training forward against the naive batch reference (also with a mean large against
+// the spread), gradients against finite differences, bf16 against fp32, running statistics,
+// inference from the running statistics, and the layer's spec.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -62,6 +63,66 @@ TEST(BatchNormTest, GradientsMatchFiniteDifferences) {
   // The finite-difference helper builds its own network from the same seed: gamma/beta at their
   // init (1, 0) there, which still exercises every term of the backward pass.
   ExpectGradientsMatchFiniteDifferences(spec, batch, 24, 2e-3, 7);
+}
+
+// Activations whose mean is large against their spread (1000 + U(0, 1)): one-pass sums of x and
+// x^2 in fp32 would cancel to noise; the op's two passes keep the variance.
+TEST(BatchNormTest, LargeMeanAgainstTheSpreadKeepsTheVariance) {
+  ModelSpec spec = MakeSpec(2, 6, {BatchNormL(), FlattenL(), DenseL(3)}, 3);
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  const int batch = 3;
+  auto net = MakeTrainingNet(spec, batch, {});
+  ASSERT_TRUE(net);
+  RandomizeBatchNorm(*net, 5);
+  auto params = net->ExportParameters();
+  auto x = RandomVector(InputSize(spec) * batch, 6, 1000.f, 1001.f);
+  std::vector<float> y(batch * 3);
+  net->Forward(x.data(), y.data());
+  auto ref = ReferenceForwardBatch(spec, params, x.data(), batch, true);
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(y[b * 3 + i], ref[b][i], 1e-3 * (1 + std::abs(ref[b][i])));
+}
+
+// In bf16 (activations and gradients rounded to bf16, statistics in fp32/double) the output and
+// every gradient stay within bf16's rounding of the fp32 network's.
+TEST(BatchNormTest, Bf16IsFp32WithinBf16Rounding) {
+  SKIP_WITHOUT_BF16();
+  ModelSpec spec = MakeSpec(2, 10, {ConvL(16, 3), BatchNormL(), LeakyL(0.1f), PoolL(false, 2), FlattenL(), DenseL(6),
+                                    BatchNormL(0.2f, 1e-3f), DenseL(3)}, 3);
+  const int batch = 4;
+  auto f32 = MakeNet(spec, batch, true, Precision::kFp32, 9);
+  auto bf16 = MakeNet(spec, batch, true, Precision::kBf16, 9);
+  ASSERT_TRUE(f32 && bf16);
+  auto x = RandomVector(InputSize(spec) * batch, 10, 0.f, 2.f);
+  auto r = RandomVector(batch * 3, 11);
+  std::vector<float> y32(batch * 3), y16(batch * 3);
+  f32->Forward(x.data(), y32.data());
+  bf16->Forward(x.data(), y16.data());
+  f32->Backward(r.data());
+  bf16->Backward(r.data());
+  auto rel_error = [](const float* a, const float* ref, int64_t n) {
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; ++i) d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]), s += double(ref[i]) * ref[i];
+    return std::sqrt(d / (s + 1e-30));
+  };
+  const double out = rel_error(y16.data(), y32.data(), batch * 3);
+  EXPECT_GT(out, 0.0);  // really ran in reduced precision
+  EXPECT_LT(out, 0.02);
+  for (size_t pi = 0; pi < f32->parameters().size(); ++pi) {
+    const Parameter& ref = f32->parameters()[pi];
+    const Parameter& got = bf16->parameters()[pi];
+    if (ref.name == "conv0.bias" || ref.name == "dense0.bias") {
+      // A bias that a batch_norm follows has no effect, so its gradient is zero up to rounding.
+      const Parameter& w = f32->parameters()[pi - 1];
+      double wnorm = 0;
+      for (int64_t i = 0; i < w.numel(); ++i) wnorm += double(w.grad[i]) * w.grad[i];
+      for (int64_t i = 0; i < ref.numel(); ++i) EXPECT_LT(std::abs(got.grad[i]), 1e-3 * std::sqrt(wnorm)) << ref.name;
+      continue;
+    }
+    // beta's gradient is a sum of dy over the batch with cancellation: bf16's rounding of dy shows more.
+    const double tol = ref.name.find("beta") != std::string::npos ? 0.15 : 0.05;
+    EXPECT_LT(rel_error(got.grad, ref.grad, ref.numel()), tol) << ref.name;
+  }
 }
 
 TEST(BatchNormTest, RunningStatisticsFollowTheBatchAndServeInference) {
