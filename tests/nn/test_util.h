@@ -82,6 +82,13 @@ inline std::vector<float> RandomVector(int64_t n, uint64_t seed, float lo = -1.f
   return v;
 }
 
+// ||a - ref|| / ||ref|| over n values (relative L2 error; 0 when equal).
+inline double RelativeL2Error(const float* a, const float* ref, int64_t n) {
+  double d = 0, s = 0;
+  for (int64_t i = 0; i < n; ++i) d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]), s += double(ref[i]) * ref[i];
+  return std::sqrt(d / (s + 1e-30));
+}
+
 inline int64_t InputSize(const ModelSpec& s) {
   return int64_t{s.input_channels} * s.input_side * s.input_side * s.input_side;
 }

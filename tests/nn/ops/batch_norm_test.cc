@@ -39,20 +39,24 @@ void RandomizeBatchNorm(Network& net, uint64_t seed) {
   net.ParametersUpdated();
 }
 
-TEST(BatchNormTest, TrainingForwardMatchesBatchReference) {
-  ModelSpec spec = BnSpec();
+// The training network's output for inputs U(lo, hi) against the naive batch reference.
+void ExpectForwardMatchesBatchReference(const ModelSpec& spec, int batch, uint64_t seed, float lo, float hi, double tol) {
   ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
-  const int batch = 4;
   auto net = MakeTrainingNet(spec, batch, {});
   ASSERT_TRUE(net);
-  RandomizeBatchNorm(*net, 3);
+  RandomizeBatchNorm(*net, seed);
   auto params = net->ExportParameters();
-  auto x = RandomVector(InputSize(spec) * batch, 4, 0.f, 2.f);
-  std::vector<float> y(batch * 3);
+  auto x = RandomVector(InputSize(spec) * batch, seed + 1, lo, hi);
+  const int outputs = static_cast<int>(spec.outputs.size());
+  std::vector<float> y(batch * outputs);
   net->Forward(x.data(), y.data());
   auto ref = ReferenceForwardBatch(spec, params, x.data(), batch, true);
   for (int b = 0; b < batch; ++b)
-    for (int i = 0; i < 3; ++i) EXPECT_NEAR(y[b * 3 + i], ref[b][i], 1e-4 * (1 + std::abs(ref[b][i])));
+    for (int i = 0; i < outputs; ++i) EXPECT_NEAR(y[b * outputs + i], ref[b][i], tol * (1 + std::abs(ref[b][i])));
+}
+
+TEST(BatchNormTest, TrainingForwardMatchesBatchReference) {
+  ExpectForwardMatchesBatchReference(BnSpec(), 4, 3, 0.f, 2.f, 1e-4);
 }
 
 TEST(BatchNormTest, GradientsMatchFiniteDifferences) {
@@ -68,19 +72,7 @@ TEST(BatchNormTest, GradientsMatchFiniteDifferences) {
 // Activations whose mean is large against their spread (1000 + U(0, 1)): one-pass sums of x and
 // x^2 in fp32 would cancel to noise; the op's two passes keep the variance.
 TEST(BatchNormTest, LargeMeanAgainstTheSpreadKeepsTheVariance) {
-  ModelSpec spec = MakeSpec(2, 6, {BatchNormL(), FlattenL(), DenseL(3)}, 3);
-  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
-  const int batch = 3;
-  auto net = MakeTrainingNet(spec, batch, {});
-  ASSERT_TRUE(net);
-  RandomizeBatchNorm(*net, 5);
-  auto params = net->ExportParameters();
-  auto x = RandomVector(InputSize(spec) * batch, 6, 1000.f, 1001.f);
-  std::vector<float> y(batch * 3);
-  net->Forward(x.data(), y.data());
-  auto ref = ReferenceForwardBatch(spec, params, x.data(), batch, true);
-  for (int b = 0; b < batch; ++b)
-    for (int i = 0; i < 3; ++i) EXPECT_NEAR(y[b * 3 + i], ref[b][i], 1e-3 * (1 + std::abs(ref[b][i])));
+  ExpectForwardMatchesBatchReference(MakeSpec(2, 6, {BatchNormL(), FlattenL(), DenseL(3)}, 3), 3, 5, 1000.f, 1001.f, 1e-3);
 }
 
 // In bf16 (activations and gradients rounded to bf16, statistics in fp32/double) the output and
@@ -100,12 +92,7 @@ TEST(BatchNormTest, Bf16IsFp32WithinBf16Rounding) {
   bf16->Forward(x.data(), y16.data());
   f32->Backward(r.data());
   bf16->Backward(r.data());
-  auto rel_error = [](const float* a, const float* ref, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; ++i) d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]), s += double(ref[i]) * ref[i];
-    return std::sqrt(d / (s + 1e-30));
-  };
-  const double out = rel_error(y16.data(), y32.data(), batch * 3);
+  const double out = RelativeL2Error(y16.data(), y32.data(), batch * 3);
   EXPECT_GT(out, 0.0);  // really ran in reduced precision
   EXPECT_LT(out, 0.02);
   for (size_t pi = 0; pi < f32->parameters().size(); ++pi) {
@@ -121,7 +108,7 @@ TEST(BatchNormTest, Bf16IsFp32WithinBf16Rounding) {
     }
     // beta's gradient is a sum of dy over the batch with cancellation: bf16's rounding of dy shows more.
     const double tol = ref.name.find("beta") != std::string::npos ? 0.15 : 0.05;
-    EXPECT_LT(rel_error(got.grad, ref.grad, ref.numel()), tol) << ref.name;
+    EXPECT_LT(RelativeL2Error(got.grad, ref.grad, ref.numel()), tol) << ref.name;
   }
 }
 

@@ -107,19 +107,14 @@ TEST(Conv3dTiledBf16Test, WinogradIsAsCloseToFp32AsOneDnnBf16) {
     nets[i]->Forward(x.data(), y[i].data());
     nets[i]->Backward(r.data());
   }
-  auto rel_error = [](const float* a, const float* ref, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; ++i) d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]), s += double(ref[i]) * ref[i];
-    return std::sqrt(d / (s + 1e-30));
-  };
-  const double out_wino = rel_error(y[1].data(), y[0].data(), batch * 3);
-  const double out_direct = rel_error(y[2].data(), y[0].data(), batch * 3);
+  const double out_wino = RelativeL2Error(y[1].data(), y[0].data(), batch * 3);
+  const double out_direct = RelativeL2Error(y[2].data(), y[0].data(), batch * 3);
   EXPECT_GT(out_wino, 0.0);  // really ran in reduced precision
   EXPECT_LE(out_wino, 1.5 * out_direct + 2e-3) << "output";
   for (size_t pi = 0; pi < f32->parameters().size(); ++pi) {
     const Parameter& ref = f32->parameters()[pi];
-    const double e_wino = rel_error(wino->parameters()[pi].grad, ref.grad, ref.numel());
-    const double e_direct = rel_error(direct->parameters()[pi].grad, ref.grad, ref.numel());
+    const double e_wino = RelativeL2Error(wino->parameters()[pi].grad, ref.grad, ref.numel());
+    const double e_direct = RelativeL2Error(direct->parameters()[pi].grad, ref.grad, ref.numel());
     EXPECT_LE(e_wino, 1.5 * e_direct + 2e-3) << ref.name << ": winograd " << e_wino << ", onednn bf16 " << e_direct;
     EXPECT_LT(e_wino, 0.05) << ref.name;
   }
