@@ -60,6 +60,19 @@ void Store1(void* p, bool bf16, int64_t i, float v) {
   }
 }
 
+// s += sum x.
+void RowSum(const float* x, int64_t n, double* s) {
+  const int64_t vec_end = n - n % 16;
+  int64_t i = 0;
+  while (i < vec_end) {
+    const int64_t end = std::min(vec_end, i + kBlock);
+    V16 a = {};
+    for (; i < end; i += 16) a += Load(x + i);
+    *s += LaneSum(a);
+  }
+  for (; i < n; ++i) *s += x[i];
+}
+
 // s += sum (x - pivot), s2 += sum (x - pivot)^2.
 void RowSums(const float* x, int64_t n, float pivot, double* s, double* s2) {
   const int64_t vec_end = n - n % 16;
@@ -231,8 +244,8 @@ class BatchNormOp : public Op {
     // which do not cancel however large the mean is against the spread.
 #pragma omp parallel for schedule(static)
     for (int64_t ch = 0; ch < channels_; ++ch) {
-      double s = 0, unused = 0;
-      for (int64_t b = 0; b < n_; ++b) RowSums(x + (b * channels_ + ch) * spatial_, spatial_, 0.f, &s, &unused);
+      double s = 0;
+      for (int64_t b = 0; b < n_; ++b) RowSum(x + (b * channels_ + ch) * spatial_, spatial_, &s);
       sums[ch] = s;
     }
     sums[channels_] = static_cast<double>(n_ * spatial_);
