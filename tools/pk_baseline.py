@@ -5,8 +5,12 @@ For every cube and every channel (one per redshift): overdensity delta = n / mea
 spectrum P(k) = <|delta_k|^2> V / N^2 in logarithmic k bins (NGP window not deconvolved: the same
 for every cube, so it cancels in a regression), plus log(var n) and the fraction of empty voxels. A ridge
 regression from these features (log P per bin, standardised) to each physical parameter is fitted on
-the training set, with the ridge strength chosen by 5-fold cross-validation, and applied to the test
-set. This is "a regression on binned P(k)": the information a two-point statistic carries, which is
+the training set, with the ridge strength chosen per parameter by 5-fold cross-validation, and applied
+to the test set. One strength per parameter, because the parameters' errors differ by orders of
+magnitude (H0 in km/s/Mpc against Omega_M): a joint choice follows the parameter with the largest
+squared error and over-regularises the others. Training cubes with identical labels (the same
+universe evolved twice, fullres_study.sh TRAIN_TWIN_ARGS) share a fold, so that no cube is
+validated against its own twin. This is "a regression on binned P(k)": the information a two-point statistic carries, which is
 what the network has to beat.
 
 With --cross the features also hold the cross-spectra of every pair of channels, as the correlation
@@ -124,6 +128,30 @@ def ridge_fit(x, y, lam):
     return np.linalg.solve(a, x.T @ y)
 
 
+LAMBDAS = [1e-4, 1e-3, 1e-2, 1e-1, 1, 10, 100, 1000]
+
+
+def cv_folds(y, k=5):
+    """Fold of each training row: rows with identical labels share one; groups dealt round-robin in
+    order of first appearance (so a set without repeated labels gets row i % k)."""
+    first = {}
+    return np.array([first.setdefault(tuple(row), len(first)) for row in y]) % k
+
+
+def fit_per_parameter(d, y, k=5):
+    """Ridge weights (one column per parameter) and each parameter's strength from LAMBDAS, chosen by
+    k-fold cross-validation (squared error of that parameter alone)."""
+    folds = cv_folds(y, k)
+    err = np.zeros((len(LAMBDAS), y.shape[1]))
+    for i, lam in enumerate(LAMBDAS):
+        for f in range(k):
+            w = ridge_fit(d[folds != f], y[folds != f], lam)
+            err[i] += ((d[folds == f] @ w - y[folds == f]) ** 2).sum(0)
+    lams = [LAMBDAS[i] for i in err.argmin(0)]
+    w = np.stack([ridge_fit(d, y[:, j], lam) for j, lam in enumerate(lams)], axis=1)
+    return w, lams
+
+
 def design(x, mu, sd):
     z = (x - mu) / sd
     return np.hstack([np.ones((z.shape[0], 1)), z])
@@ -145,17 +173,7 @@ def main():
     xtr, ytr, names = load(args.train, args.bins, args.cross, args.workers)
     mu, sd = xtr.mean(0), xtr.std(0) + 1e-12
     dtr = design(xtr, mu, sd)
-    # Ridge strength by 5-fold cross-validation on the training set.
-    folds = np.arange(len(dtr)) % 5
-    best = None
-    for lam in [1e-3, 1e-2, 1e-1, 1, 10, 100]:
-        err = 0.0
-        for f in range(5):
-            w = ridge_fit(dtr[folds != f], ytr[folds != f], lam)
-            err += ((dtr[folds == f] @ w - ytr[folds == f]) ** 2).sum()
-        if best is None or err < best[0]:
-            best = (err, lam)
-    w = ridge_fit(dtr, ytr, best[1])
+    w, lams = fit_per_parameter(dtr, ytr)
     for test, out_path in zip(args.test, args.out):
         xte, yte, tnames = load(test, args.bins, args.cross, args.workers)
         if tnames != names:
@@ -167,7 +185,8 @@ def main():
             for i, (t, p) in enumerate(zip(yte, pred)):
                 out.write(f"{i}," + ",".join(f"{v:.6g}" for v in t) + "," + ",".join(f"{v:.6g}" for v in p) + "\n")
         print(f"pk_baseline.py: {len(xtr)} train / {len(xte)} test cubes, {args.bins} k bins"
-              f"{', cross-spectra' if args.cross else ''}, {xtr.shape[1]} features, ridge lambda {best[1]}"
+              f"{', cross-spectra' if args.cross else ''}, {xtr.shape[1]} features, ridge lambda "
+              f"{', '.join(f'{n} {lam:g}' for n, lam in zip(names, lams))}"
               f" -> {out_path}", file=sys.stderr)
 
 

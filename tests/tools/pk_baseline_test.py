@@ -7,11 +7,16 @@
 - A toy where only the correlation between two channels carries the label (both channels have the
   same power spectrum): with --cross the ridge fit recovers it (RMS below 0.3 of the trivial
   predictor's), without it it cannot (above 0.8).
+- The ridge strength is chosen per parameter: beside the informative label, a second one of pure
+  noise a thousand times larger gets a stronger ridge than the first, and the first is still
+  recovered (RMS below 0.3 of trivial; one joint strength would follow the noise's squared error).
+- Cross-validation folds keep rows with identical labels (twins) together.
 - Several --test sets in one call give the same predictions as one call each; a --test / --out
   count mismatch is refused.
 Usage: pk_baseline_test.py WORK_DIR
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,8 +70,9 @@ def counts(field):
     return np.round(200 * (1 + 0.1 * field)).astype(np.int16)
 
 
-def write_toy(path, n, seed):
-    """Two channels a and rho a + sqrt(1 - rho^2) b: the same spectrum, correlation rho = the label."""
+def write_toy(path, n, seed, noise_label=False):
+    """Two channels a and rho a + sqrt(1 - rho^2) b: the same spectrum, correlation rho = the label.
+    noise_label adds a second label, 1000 x N(0, 1), that nothing in the cube predicts."""
     rng = np.random.default_rng(seed)
     rho = rng.uniform(0.1, 0.9, n)
     cubes = np.zeros((n, 2) + (SIDE,) * 3, np.int16)
@@ -74,10 +80,13 @@ def write_toy(path, n, seed):
         a, b = gaussian(rng, SIDE), gaussian(rng, SIDE)
         cubes[i, 0] = counts(a)
         cubes[i, 1] = counts(rho[i] * a + np.sqrt(1 - rho[i] ** 2) * b)
+    params, names = rho[:, None], ["rho"]
+    if noise_label:
+        params, names = np.stack([rho, 1000 * rng.standard_normal(n)], axis=1), ["rho", "noise"]
     with h5py.File(path, "w") as h:
         h["cubes"] = cubes
-        h["params"] = rho[:, None].astype(np.float32)
-        h.attrs["param_names"] = ["rho"]
+        h["params"] = params.astype(np.float32)
+        h.attrs["param_names"] = names
 
 
 def run(*args, ok=True):
@@ -140,6 +149,26 @@ def main():
         fail(f"without --cross the RMS is {plain:.3f} of the trivial predictor's, expected > 0.8 (no information)")
     if open(f"{work}/cross2.csv").read() != open(f"{work}/cross2-alone.csv").read():
         fail("a second --test set's predictions differ from the same set alone")
+
+    # One ridge strength per parameter.
+    write_toy(f"{work}/train-noise.h5", 80, 2, noise_label=True)
+    write_toy(f"{work}/test-noise.h5", 30, 3, noise_label=True)
+    r = run("--train", f"{work}/train-noise.h5", "--test", f"{work}/test-noise.h5", "--out", f"{work}/noise.csv",
+            "--bins", str(BINS), "--cross")
+    lams = dict(re.findall(r"(rho|noise) ([0-9.e+-]+)", r.stderr.split("ridge lambda")[-1]))
+    if set(lams) != {"rho", "noise"} or not float(lams["rho"]) < float(lams["noise"]):
+        fail(f"ridge strengths {lams} (from: {r.stderr.strip()}): expected rho's below the noise label's")
+    ratio = rms_ratio(f"{work}/noise.csv")
+    if not ratio < 0.3:
+        fail(f"beside a noise label rho's RMS is {ratio:.3f} of trivial, expected < 0.3")
+
+    # Twins share a fold; distinct labels go round-robin.
+    y = np.array([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [5.0, 6.0], [3.0, 4.0], [7.0, 8.0]])
+    if pk.cv_folds(y, 3).tolist() != [0, 1, 0, 2, 1, 0]:
+        fail(f"cv_folds of labels with twins: {pk.cv_folds(y, 3).tolist()}, expected [0, 1, 0, 2, 1, 0]")
+    if pk.cv_folds(np.arange(12.0)[:, None]).tolist() != [i % 5 for i in range(12)]:
+        fail("cv_folds of distinct labels is not i % 5")
+
     r = run("--train", f"{work}/train.h5", "--test", f"{work}/test.h5", f"{work}/test2.h5", "--out", "x.csv", ok=False)
     if r.returncode == 0 or "--out" not in r.stderr:
         fail(f"a --test / --out mismatch was not refused: {r.returncode} {r.stderr}")
