@@ -146,6 +146,13 @@ def summarise(acc, label):
     return lines, out
 
 
+def elapsed_line(study):
+    minutes = study.get("elapsed_s", 0) / 60
+    if study.get("trained", 1) == 0:
+        return f"Elapsed: {minutes:.1f} minutes, the training reused from an earlier run of these settings (TRAIN=0)."
+    return f"Elapsed: {minutes:.1f} minutes (estimated {study.get('estimate_s', 0) / 60:.0f} minutes on 2 idle cores)."
+
+
 def summary(args):
     d = args.dir
     study = load_json(os.path.join(d, "study.json"))
@@ -156,16 +163,20 @@ def summary(args):
     if parent != side:
         made += f", each parent of {parent}^3 cut into {(parent // side) ** 3} universes of {side}^3"
     evolution = f"`{synth_args}`" if synth_args else "the preset's evolution"
+    twin = study.get("train_twin_args", "")
+    twin_note = (f" Each training universe is also generated with `{twin}` added (the same seed: the same cosmology "
+                 f"and initial phases), and the network and the baseline train on both ({2 * study['n_train']} "
+                 f"universes).") if twin else ""
     lines = ["# Full-resolution study", "",
              f"{study['n_train']} training, {study['n_val']} validation and {study['n_test']} test universes of "
              f"{made} (voxels of 1 Mpc/h at H0 = 70, z = 0, 0.5, 1.5, 3), and "
              f"{study['n_robust']} robustness universes evolved with `{study['robust_args']}`; each cut into "
-             f"{study['subcubes_per_universe']} sub-cubes of {study['sub_side']}^3. Network `{study['spec']}`, "
+             f"{study['subcubes_per_universe']} sub-cubes of {study['sub_side']}^3.{twin_note} Network `{study['spec']}`, "
              f"{study['members']} member(s) x {study['epochs']} epochs, {study['precision']}, 2 MPI ranks x batch "
              f"{study['batch']}. Predictions averaged per universe over its sub-cubes with the combined "
              f"covariance ({study['combine']}, fitted on the validation universes). P(k) baseline: ridge regression "
              f"on the full {side}^3 cubes' per-redshift spectra and cross-spectra. Trivial predictor: the training mean.",
-             "", f"Elapsed: {study.get('elapsed_s', 0) / 60:.1f} minutes (estimated {study.get('estimate_s', 0) / 60:.0f} minutes on 2 idle cores).", "",
+             "", elapsed_line(study), "",
              "## Held-out synthetic universes", ""]
     for key, label, sub in (("test", f"Test set ({evolution})", "test"),
                             ("robust", f"Robustness set (`{study['robust_args']}`)", "robust")):

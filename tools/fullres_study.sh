@@ -16,6 +16,9 @@
 #   CUBE_SIDE=<the parents' side>: with SYNTH_ARGS="--side 256" and CUBE_SIDE=128 every universe is
 #   a 128^3 piece of a 256^3 parent, whose mean density differs from 1 as the real cubes' do; the
 #   N_* then count pieces (multiples of 8).
+#   TRAIN_TWIN_ARGS=<synth flags>: every training universe is generated a second time with these
+#   flags added (the same seed, so the same cosmology and initial phases; e.g. "--pm-mesh 1", the
+#   other force resolution) and the network and the baseline train on both: 2 x N_TRAIN universes.
 # Data already complete in OUT_DIR/data is reused, and an interrupted training with the same
 # settings resumes where it stopped. Progress (stage, elapsed, estimate, ETA) goes
 # to stdout; the programs' own progress lines to stderr.
@@ -25,7 +28,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "$1")
 build=${BUILD_DIR:-$here/build}
 N_TRAIN=${N_TRAIN:-512}; N_VAL=${N_VAL:-64}; N_TEST=${N_TEST:-128}; N_ROBUST=${N_ROBUST:-64}
-ROBUST_ARGS=${ROBUST_ARGS:---pm-mesh 2}; SUB_SIDE=${SUB_SIDE:-32}; BIN=${BIN:-1}; SYNTH_ARGS=${SYNTH_ARGS:-}
+ROBUST_ARGS=${ROBUST_ARGS:---pm-mesh 2}; TRAIN_TWIN_ARGS=${TRAIN_TWIN_ARGS:-}; SUB_SIDE=${SUB_SIDE:-32}; BIN=${BIN:-1}; SYNTH_ARGS=${SYNTH_ARGS:-}
 SPEC=${SPEC:-$here/tools/specs/fullres32x4-log1p-fullcov.json}
 MEMBERS=${MEMBERS:-3}; EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}
 MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-2}; SEED=${SEED:-1}; SERVE_PRECISION=${SERVE_PRECISION:-fp32}
@@ -81,13 +84,19 @@ pm2() {  # whether synth flags $1 evolve with --pm-mesh 2 (the last --pm-mesh gi
 }
 synth_factor=1; pm2 "$SYNTH_ARGS" && synth_factor=4
 robust_factor=1; pm2 "$SYNTH_ARGS $ROBUST_ARGS" && robust_factor=4
-sub_total=$(( (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * per_universe ))
+# The training set: N_TRAIN universes, or twice that with their twins (TRAIN_TWIN_ARGS).
+train_set=train; n_train_all=$N_TRAIN; twin_synth=0
+if [ -n "$TRAIN_TWIN_ARGS" ]; then
+  train_set=train+twin; n_train_all=$((2 * N_TRAIN))
+  twin_synth=$(( 1000 * N_TRAIN )); pm2 "$SYNTH_ARGS $TRAIN_TWIN_ARGS" && twin_synth=$(( 4000 * N_TRAIN ))
+fi
+sub_total=$(( (n_train_all + N_VAL + N_TEST + N_ROBUST) * per_universe ))
 names=(data subcubes baseline training serving real report)
 est=(
-  $(( (1000 * synth_factor * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST) * vol_milli / 1000000 + 1 ))
-  $(( 50 * (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * vol_milli / 1000000 + 1 ))
-  $(( 150 * (N_TRAIN + N_TEST + N_ROBUST) * vol_milli / 1000000 + 5 ))
-  $(( MEMBERS * EPOCHS * (N_TRAIN * per_universe / 300 + N_VAL * per_universe / 1000) + 10 * MEMBERS ))
+  $(( (1000 * synth_factor * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST + twin_synth) * vol_milli / 1000000 + 1 ))
+  $(( 50 * (n_train_all + N_VAL + N_TEST + N_ROBUST) * vol_milli / 1000000 + 1 ))
+  $(( 150 * (n_train_all + N_TEST + N_ROBUST) * vol_milli / 1000000 + 5 ))
+  $(( MEMBERS * EPOCHS * (n_train_all * per_universe / 300 + N_VAL * per_universe / 1000) + 10 * MEMBERS ))
   $(( MEMBERS * (N_VAL + N_TEST + N_ROBUST) * per_universe / 400 + 5 ))
   $(( MEMBERS * 3 * 64 / 400 + 15 ))
   20)
@@ -103,15 +112,16 @@ stage() {  # the next stage: its name, elapsed time, its estimate and the run's 
   k=$((k + 1))
 }
 total=0; for e in "${est[@]}"; do total=$((total + e)); done
-echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 (bin $BIN) -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
+twin_note=''; [ -n "$TRAIN_TWIN_ARGS" ] && twin_note=" (training twice: also with $TRAIN_TWIN_ARGS)"
+echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes$twin_note + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 (bin $BIN) -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
 # Disk: each universe once whole and once as sub-cubes (int16, 4 channels).
-need_mib=$(( (N_TRAIN + N_VAL + N_TEST + N_ROBUST) * 2 * 8 * side ** 3 / 1048576 ))
+need_mib=$(( (n_train_all + N_VAL + N_TEST + N_ROBUST) * 2 * 8 * side ** 3 / 1048576 ))
 free_mib=$(df -Pm "$out" | awk 'NR == 2 {print $4}')
 (( free_mib >= need_mib )) ||
   echo "fullres_study.sh: warning: the data need up to $need_mib MiB in $out, $free_mib MiB are free (data already there is reused)"
 
 # ---- 1. universes: the MLPerf preset; the robustness set the same prior with another evolution.
-stage "synth --preset mlperf: $N_TRAIN train, $N_VAL val, $N_TEST test, $N_ROBUST robustness ($ROBUST_ARGS)"
+stage "synth --preset mlperf: $N_TRAIN train$twin_note, $N_VAL val, $N_TEST test, $N_ROBUST robustness ($ROBUST_ARGS)"
 gen() {  # set seed count extra-args...: into a temporary directory, renamed when complete
   local set=$1 seed=$2 n=$3; shift 3
   [ -d "$out/data/$set" ] && return
@@ -130,12 +140,22 @@ gen() {  # set seed count extra-args...: into a temporary directory, renamed whe
   echo "   $set: $n universes after $(fmt $(( $(date +%s) - t0 )))"
 }
 gen train 21 "$N_TRAIN"; gen val 22 "$N_VAL"; gen test 23 "$N_TEST"
+if [ -n "$TRAIN_TWIN_ARGS" ]; then
+  # shellcheck disable=SC2086
+  gen train-twin 21 "$N_TRAIN" $TRAIN_TWIN_ARGS
+  if [ ! -d "$out/data/$train_set" ]; then  # both sets' files, linked under distinct names
+    rm -rf "$out/data/$train_set.tmp"; mkdir "$out/data/$train_set.tmp"
+    for f in "$out"/data/train/*.h5; do ln -s "../train/${f##*/}" "$out/data/$train_set.tmp/a-${f##*/}"; done
+    for f in "$out"/data/train-twin/*.h5; do ln -s "../train-twin/${f##*/}" "$out/data/$train_set.tmp/b-${f##*/}"; done
+    mv "$out/data/$train_set.tmp" "$out/data/$train_set"
+  fi
+fi
 # shellcheck disable=SC2086
 gen robust 24 "$N_ROBUST" $ROBUST_ARGS
 
 # ---- 2. sub-cubes: all four channels, the parents' labels, a group id per universe.
 stage "cosmoflow-subcubes into ${SUB_SIDE}^3 (voxels summed in ${BIN}^3 blocks)"
-for set in train val test robust; do
+for set in "$train_set" val test robust; do
   [ -d "$out/data/$set-$sub" ] && continue
   rm -rf "$out/data/$set-$sub.tmp"
   "$build/synth/cosmoflow-subcubes" --in "$out/data/$set" --out "$out/data/$set-$sub.tmp" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
@@ -144,7 +164,7 @@ done
 
 # ---- 3. the P(k) baseline on the full cubes: per-redshift spectra and their cross-spectra.
 stage "P(k) baseline (ridge on per-redshift P(k) and cross-spectra of the full ${side}^3 cubes)"
-$py "$here/tools/pk_baseline.py" --train "$out/data/train" --test "$out/data/test" "$out/data/robust" \
+$py "$here/tools/pk_baseline.py" --train "$out/data/$train_set" --test "$out/data/test" "$out/data/robust" \
   --out "$out/pk_test.csv" "$out/pk_robust.csv" --cross --workers 2
 
 # ---- 4. training: 2 MPI ranks, the uncertainty study's flags.
@@ -155,18 +175,18 @@ if [ "$TRAIN" = 0 ]; then
   [ -f "$out/run/ensemble.json" ] || [ -f "$out/run/run.json" ] ||
     { echo "fullres_study.sh: TRAIN=0 but $out/run holds no finished run" >&2; exit 1; }
 else
-  stage "$(basename "$SPEC"), $MEMBERS member(s) x $EPOCHS epochs of $((N_TRAIN * per_universe)) sub-cubes, $PRECISION, 2 ranks x batch $BATCH"
+  stage "$(basename "$SPEC"), $MEMBERS member(s) x $EPOCHS epochs of $((n_train_all * per_universe)) sub-cubes, $PRECISION, 2 ranks x batch $BATCH"
   root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
   # An interrupted run with the same settings resumes (the trainer continues each member from its
   # latest checkpoint and skips finished ones); any other run directory is replaced.
-  settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $side $SUB_SIDE $BIN $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED"
+  settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $side $SUB_SIDE $BIN $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED $TRAIN_TWIN_ARGS"
   if [ "$(cat "$out/run/fullres-settings" 2>/dev/null)" = "$settings" ]; then
     echo "   resuming the run in $out/run (same settings)"
   else
     rm -rf "$out/run"; mkdir -p "$out/run"; echo "$settings" > "$out/run/fullres-settings"
   fi
   OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
-    --spec "$SPEC" --train "$out/data/train-$sub" --val "$out/data/val-$sub" --out "$out/run" --epochs "$EPOCHS" \
+    --spec "$SPEC" --train "$out/data/$train_set-$sub" --val "$out/data/val-$sub" --out "$out/run" --epochs "$EPOCHS" \
     --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 256 \
     --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient mse \
     --covariance-gradient head --calibration power
@@ -232,7 +252,7 @@ kill -TERM $pid; wait $pid || true; trap - EXIT
 stage "report"
 read -r mean < <($py -c "
 import glob, h5py, numpy as np
-p = np.concatenate([h5py.File(f)['params'][:] for f in sorted(glob.glob('$out/data/train/*.h5'))])
+p = np.concatenate([h5py.File(f)['params'][:] for f in sorted(glob.glob('$out/data/$train_set/*.h5'))])
 print(','.join(f'{v:.6f}' for v in p.mean(0)))")
 for set in test robust; do
   $py "$here/tools/accuracy_report.py" --network "$out/universes_$set.csv" --network-val "$out/universes_val.csv" \
@@ -242,12 +262,12 @@ done
 $py - "$out/study.json" <<PY
 import json, sys
 json.dump({"n_train": $N_TRAIN, "n_val": $N_VAL, "n_test": $N_TEST, "n_robust": $N_ROBUST,
-           "robust_args": "$ROBUST_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "parent_side": $parent_side, "sub_side": $SUB_SIDE, "bin": $BIN,
+           "robust_args": "$ROBUST_ARGS", "train_twin_args": "$TRAIN_TWIN_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "parent_side": $parent_side, "sub_side": $SUB_SIDE, "bin": $BIN,
            "subcubes_per_universe": $per_universe, "spec": "$(basename "$SPEC")", "members": $MEMBERS,
            "epochs": $EPOCHS, "batch": $BATCH, "lr": $LR, "precision": "$PRECISION",
            "serve_precision": "$SERVE_PRECISION", "mse_warmup_epochs": $MSE_WARMUP_EPOCHS, "seed": $SEED,
            "combine": "rho = $rho", "rho": $rho, "prior": "$PRIOR", "train_mean": "$mean",
-           "manifest_sha256": "$manifest_sha", "estimate_s": $total, "elapsed_s": $(( $(date +%s) - t0 ))},
+           "manifest_sha256": "$manifest_sha", "trained": $TRAIN, "estimate_s": $total, "elapsed_s": $(( $(date +%s) - t0 ))},
           open(sys.argv[1], "w"), indent=1)
 PY
 $py "$here/tools/fullres_report.py" summary --dir "$out" > /dev/null

@@ -43,9 +43,10 @@ set -e
 
 # Universes cut from larger parents (CUBE_SIDE): 32^3 pieces of 64^3 parents, one sub-cube each.
 # Each piece has its own mean density (as the real cubes do); the eight of a parent hold all of
-# its particles.
+# its particles. The training pieces come twice (TRAIN_TWIN_ARGS): the same cosmologies and
+# phases evolved with the other force mesh.
 pieces=$work/pieces
-env BUILD_DIR="$build" SYNTH_ARGS="--side 64" CUBE_SIDE=32 N_TRAIN=16 N_VAL=8 N_TEST=8 N_ROBUST=8 MEMBERS=1 \
+env BUILD_DIR="$build" SYNTH_ARGS="--side 64" CUBE_SIDE=32 TRAIN_TWIN_ARGS="--pm-mesh 2" N_TRAIN=16 N_VAL=8 N_TEST=8 N_ROBUST=8 MEMBERS=1 \
   EPOCHS=1 BATCH=4 MSE_WARMUP_EPOCHS=1 REAL_DIR="$work/no-such-dir" bash "$here/tools/fullres_study.sh" "$pieces" \
   > "$work/stdout-pieces.txt"
 /usr/bin/python3 - "$pieces" <<'PY' || fail "the pieces run is wrong (above)"
@@ -63,6 +64,13 @@ for s in ("test", "robust"):
     assert means.std(axis=0).min() > 1e-3, means    # the pieces' mean densities differ
     assert np.allclose(means.mean(axis=0), 1.0), means  # the parent's 64^3 particles, all kept
 assert not glob.glob(f"{out}/data/*parents*"), "the parents were not removed"
+# The twins: the same labels, other particles; the network and the baseline saw both.
+assert study["train_twin_args"] == "--pm-mesh 2", study
+load = lambda s, k: np.concatenate([h5py.File(f)[k][:] for f in sorted(glob.glob(f"{out}/data/{s}/*.h5"))])
+assert np.array_equal(load("train", "params"), load("train-twin", "params"))
+assert not np.array_equal(load("train", "cubes"), load("train-twin", "cubes"))
+assert load("train+twin", "params").shape == (32, 4) and load("train+twin-sub32", "params").shape == (32, 4)
+assert "also generated with `--pm-mesh 2`" in open(f"{out}/report.md").read()
 PY
 
 out=$work/run
