@@ -128,7 +128,7 @@ def ridge_fit(x, y, lam):
     return np.linalg.solve(a, x.T @ y)
 
 
-LAMBDAS = [1e-4, 1e-3, 1e-2, 1e-1, 1, 10, 100, 1000]
+LAMBDAS = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1, 10, 100, 1000]
 
 
 def cv_folds(y, k=5):
