@@ -20,7 +20,7 @@ two redshifts (1 on linear scales, falling on small ones), which depends on the 
 Omega_M and sigma_8. Without --cross the features, fit and output are those of the plain baseline.
 
 Usage: pk_baseline.py --train DIR_OR_H5 --test DIR_OR_H5 [DIR_OR_H5...] --out predictions.csv [CSV...]
-                      [--bins 12] [--cross] [--workers N]
+                      [--bins 12] [--cross] [--workers N] [--lambda X]
 Several test sets (one --out each) share one fit. Writes CSV rows: index, true_<param>..., pred_<param>...
 """
 import argparse
@@ -166,14 +166,21 @@ def main():
     ap.add_argument("--cross", action="store_true",
                     help="add the cross-correlation coefficient r_ij(k) of every pair of channels")
     ap.add_argument("--workers", type=int, default=1, help="processes computing features (one shard each)")
+    ap.add_argument("--lambda", dest="lam", type=float, default=None,
+                    help="one fixed ridge strength for every parameter instead of the cross-validated ones")
     args = ap.parse_args()
     if len(args.test) != len(args.out):
         sys.exit(f"pk_baseline.py: {len(args.test)} --test sets but {len(args.out)} --out files")
+    if args.lam is not None and not args.lam >= 0:
+        sys.exit(f"pk_baseline.py: --lambda {args.lam:g}: expected a strength >= 0")
 
     xtr, ytr, names = load(args.train, args.bins, args.cross, args.workers)
     mu, sd = xtr.mean(0), xtr.std(0) + 1e-12
     dtr = design(xtr, mu, sd)
-    w, lams = fit_per_parameter(dtr, ytr)
+    if args.lam is None:
+        w, lams = fit_per_parameter(dtr, ytr)
+    else:
+        w, lams = ridge_fit(dtr, ytr, args.lam), [args.lam] * ytr.shape[1]
     for test, out_path in zip(args.test, args.out):
         xte, yte, tnames = load(test, args.bins, args.cross, args.workers)
         if tnames != names:

@@ -10,6 +10,7 @@
 - The ridge strength is chosen per parameter: beside the informative label, a second one of pure
   noise a thousand times larger gets a stronger ridge than the first, and the first is still
   recovered (RMS below 0.3 of trivial; one joint strength would follow the noise's squared error).
+  --lambda fixes one strength for every parameter (a negative one is refused).
 - Cross-validation folds keep rows with identical labels (twins) together.
 - Several --test sets in one call give the same predictions as one call each; a --test / --out
   count mismatch is refused.
@@ -161,6 +162,15 @@ def main():
     ratio = rms_ratio(f"{work}/noise.csv")
     if not ratio < 0.3:
         fail(f"beside a noise label rho's RMS is {ratio:.3f} of trivial, expected < 0.3")
+    # --lambda fixes one strength for both: the noise label's (1000) over-regularises rho.
+    run("--train", f"{work}/train-noise.h5", "--test", f"{work}/test-noise.h5", "--out", f"{work}/noise-fixed.csv",
+        "--bins", str(BINS), "--cross", "--lambda", "1000")
+    fixed = rms_ratio(f"{work}/noise-fixed.csv")
+    if not fixed > 0.5:
+        fail(f"with --lambda 1000 rho's RMS is {fixed:.3f} of trivial, expected > 0.5 (over-regularised)")
+    r = run("--train", f"{work}/train.h5", "--test", f"{work}/test.h5", "--out", "x.csv", "--lambda", "-1", ok=False)
+    if r.returncode == 0 or "--lambda -1" not in r.stderr:
+        fail(f"a negative --lambda was not refused: {r.returncode} {r.stderr}")
 
     # Twins share a fold; distinct labels go round-robin.
     y = np.array([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [5.0, 6.0], [3.0, 4.0], [7.0, 8.0]])
