@@ -6,12 +6,13 @@ spectrum P(k) = <|delta_k|^2> V / N^2 in logarithmic k bins (NGP window not deco
 for every cube, so it cancels in a regression), plus log(var n) and the fraction of empty voxels. A ridge
 regression from these features (log P per bin, standardised) to each physical parameter is fitted on
 the training set, with the ridge strength chosen per parameter by 5-fold cross-validation, and applied
-to the test set. One strength per parameter, because the parameters' errors differ by orders of
-magnitude (H0 in km/s/Mpc against Omega_M): a joint choice follows the parameter with the largest
-squared error and over-regularises the others. Training cubes with identical labels (the same
-universe evolved twice, fullres_study.sh TRAIN_TWIN_ARGS) share a fold, so that no cube is
-validated against its own twin. This is "a regression on binned P(k)": the information a two-point statistic carries, which is
-what the network has to beat.
+to the test set. This is "a regression on binned P(k)": the information a two-point statistic
+carries, which is what the network has to beat.
+
+One strength per parameter, because the parameters' errors differ by orders of magnitude (H0 in
+km/s/Mpc against Omega_M): a joint choice follows the parameter with the largest squared error and
+over-regularises the others. Training cubes with identical labels (the same universe evolved twice,
+fullres_study.sh TRAIN_TWIN_ARGS) share a fold, so that no cube is validated against its own twin.
 
 With --cross the features also hold the cross-spectra of every pair of channels, as the correlation
 coefficient r_ij(k) = Re<delta_i delta_j*> / sqrt(P_i P_j) per k bin: the auto-spectra measure how much
