@@ -185,9 +185,12 @@ else
   else
     rm -rf "$out/run"; mkdir -p "$out/run"; echo "$settings" > "$out/run/fullres-settings"
   fi
+  # A sample that is a whole generated universe is a periodic box: periodic shifts are symmetries
+  # of its statistics, so they augment it too (never a cut piece or sub-cube, whose faces do not join).
+  shift=(); (( pieces == 1 && per_universe == 1 && BIN * SUB_SIDE == side )) && shift=(--augment-shift)
   OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
     --spec "$SPEC" --train "$out/data/$train_set-$sub" --val "$out/data/val-$sub" --out "$out/run" --epochs "$EPOCHS" \
-    --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment --log-every 256 \
+    --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment "${shift[@]}" --log-every 256 \
     --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient mse \
     --covariance-gradient head --calibration power
 fi

@@ -54,6 +54,9 @@ const FlagInfo kFlags[] = {
     {"momentum", "SGD momentum [0.9]", false},
     {"weight-decay", "L2 weight decay [0]", false},
     {"augment", "random cube symmetries (48 rotations/reflections) [false]", true},
+    {"augment-shift",
+     "random periodic shifts (whole periodic universes only: a cut sub-cube gains seams) [false]",
+     true},
     {"stage",
      "none | memory | DIR: copy the dataset into memory or a node-local directory first [none]",
      false},
@@ -180,6 +183,8 @@ std::optional<Status> ApplyDataFlag(TrainerOptions& o, const std::string& k, con
     o.kernel_cache = v;
   } else if (k == "augment") {
     CF_ASSIGN_OR_RETURN(o.augment, ToBool(k, v));
+  } else if (k == "augment-shift") {
+    CF_ASSIGN_OR_RETURN(o.augment_shift, ToBool(k, v));
   } else if (k == "stage") {
     if (v.empty()) return Bad(k, v, "expected none, memory or a directory");
     o.stage = v;

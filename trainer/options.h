@@ -37,6 +37,7 @@ struct TrainerOptions {
   LrRecipeConfig lr;
   // Input pipeline.
   bool augment = false;
+  bool augment_shift = false;  // random periodic shifts: only for whole periodic boxes
   std::string stage = "none";  // none | memory | a directory (node-local disk)
   int prefetch = 2;            // batches read ahead
   ShuffleMode shuffle = ShuffleMode::kGlobal;

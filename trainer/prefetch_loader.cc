@@ -140,8 +140,30 @@ PrefetchLoader::~PrefetchLoader() {
   thread_.join();
 }
 
-void PrefetchLoader::Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>& counts,
-                          std::vector<int16_t>& rotated) {
+const int16_t* PrefetchLoader::Augment(std::vector<int16_t>* scratch, int64_t epoch,
+                                       int64_t index) const {
+  const CubeShape shape = source_->info().shape;
+  const int16_t* cube = scratch[0].data();
+  if (shape.depth != shape.height || shape.height != shape.width) return cube;
+  const auto draw = [&](uint64_t salt, uint64_t n) {
+    return static_cast<int>(MixSeed(config_.seed, static_cast<uint64_t>(epoch),
+                                    static_cast<uint64_t>(index), salt) % n);
+  };
+  if (config_.augment) {
+    ApplyCubeSymmetry(draw(0x5e77, kNumCubeSymmetries), cube, scratch[1].data(), shape.channels,
+                      shape.depth);
+    cube = scratch[1].data();
+  }
+  if (config_.augment_shift) {
+    const uint64_t side = static_cast<uint64_t>(shape.depth);
+    const int shift[3] = {draw(0x5417a, side), draw(0x5417b, side), draw(0x5417c, side)};
+    ApplyPeriodicShift(shift, cube, scratch[2].data(), shape.channels, shape.depth);
+    cube = scratch[2].data();
+  }
+  return cube;
+}
+
+void PrefetchLoader::Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>* scratch) {
   const DatasetInfo& info = source_->info();
   const CubeShape shape = info.shape;
   const int64_t elements = shape.elements();
@@ -154,20 +176,13 @@ void PrefetchLoader::Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t
   const int64_t epoch = plan_.epoch ? plan_.epoch(k) : 0;
   for (int i = 0; i < config_.batch; ++i) {
     const int64_t index = batch->indices[i];
-    Status s = source_->ReadCube(index, counts.data());
+    Status s = source_->ReadCube(index, scratch[0].data());
     if (s.ok()) s = source_->ReadParams(index, params.data());
     if (!s.ok()) {
       batch->status = s;
       return;
     }
-    const int16_t* cube = counts.data();
-    if (config_.augment && shape.depth == shape.height && shape.height == shape.width) {
-      const int symmetry = static_cast<int>(MixSeed(config_.seed, static_cast<uint64_t>(epoch),
-                                                    static_cast<uint64_t>(index), 0x5e77) %
-                                            kNumCubeSymmetries);
-      ApplyCubeSymmetry(symmetry, counts.data(), rotated.data(), shape.channels, shape.depth);
-      cube = rotated.data();
-    }
+    const int16_t* cube = Augment(scratch, epoch, index);
     ApplyInputTransform(config_.transform, cube, elements, shape.voxels(),
                         batch->src.data() + i * elements);
     for (size_t o = 0; o < outputs; ++o) {
@@ -180,7 +195,9 @@ void PrefetchLoader::Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t
 
 void PrefetchLoader::Produce() {
   const int64_t elements = source_->info().shape.elements();
-  std::vector<int16_t> counts(elements), rotated(config_.augment ? elements : 0);
+  std::vector<int16_t> scratch[3] = {std::vector<int16_t>(elements),
+                                     std::vector<int16_t>(config_.augment ? elements : 0),
+                                     std::vector<int16_t>(config_.augment_shift ? elements : 0)};
   for (int64_t k = 0; k < plan_.num_batches; ++k) {
     PrefetchedBatch* slot = nullptr;
     {
@@ -190,7 +207,7 @@ void PrefetchLoader::Produce() {
       slot = free_.front();
       free_.pop_front();
     }
-    Fill(slot, k, counts, rotated);
+    Fill(slot, k, scratch);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.push_back(slot);

@@ -1,10 +1,11 @@
 // The prefetching input pipeline: a background thread reads cubes (from HDF5 or from memory),
-// applies an optional random cube symmetry, the model's input transform and the label
+// applies an optional random cube symmetry and periodic shift, the model's input transform and the label
 // normalisation, and fills batches into a bounded queue, so the training loop never waits on HDF5.
 //
 // Memory is bounded and allocated once: queue_depth + 1 batch buffers are recycled.
 // What a batch holds is fixed by a BatchPlan (which sample indices make batch k), so the stream is
-// deterministic whatever the timing: the symmetry of a sample is a hash of (seed, epoch, index).
+// deterministic whatever the timing: the symmetry and shift of a sample are hashes of (seed, epoch,
+// index).
 // Thread-safety: Next()/Release() are called from one consumer thread (the training loop).
 #pragma once
 
@@ -64,7 +65,8 @@ struct BatchPlan {
 struct PrefetchConfig {
   int batch = 1;
   int queue_depth = 2;
-  bool augment = false;
+  bool augment = false;        // a random one of the 48 cube symmetries per sample
+  bool augment_shift = false;  // then a random periodic shift (whole periodic boxes only)
   uint64_t seed = 0;
   InputTransform transform = InputTransform::kLog1p;
   LabelMap labels;
@@ -95,8 +97,11 @@ class PrefetchLoader {
 
  private:
   void Produce();
-  void Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>& counts,
-            std::vector<int16_t>& rotated);
+  // The sample in scratch[0] after the configured augmentations (scratch[1], [2] hold the rotated
+  // and the shifted copies): a pointer into scratch. Non-cubic samples are never augmented.
+  const int16_t* Augment(std::vector<int16_t>* scratch, int64_t epoch, int64_t index) const;
+  // scratch holds three cubes of counts: as read, rotated, shifted.
+  void Fill(PrefetchedBatch* batch, int64_t k, std::vector<int16_t>* scratch);
 
   const SampleSource* source_;
   BatchPlan plan_;

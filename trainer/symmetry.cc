@@ -1,5 +1,6 @@
 #include "trainer/symmetry.h"
 
+#include <algorithm>
 #include <cassert>
 
 namespace cosmoflow {
@@ -39,6 +40,25 @@ void Apply(int symmetry, const T* src, T* dst, int channels, int side) {
 }
 
 }  // namespace
+
+void ApplyPeriodicShift(const int shift[3], const int16_t* src, int16_t* dst, int channels,
+                        int side) {
+  const int64_t s = side;
+  for (int k = 0; k < 3; ++k) assert(shift[k] >= 0 && shift[k] < side);
+  const int64_t voxels = s * s * s, tail = s - shift[2];
+  for (int c = 0; c < channels; ++c) {
+    for (int64_t z = 0; z < s; ++z) {
+      const int64_t zs = (z + shift[0]) % s;
+      for (int64_t y = 0; y < s; ++y) {
+        const int16_t* in = src + c * voxels + (zs * s + (y + shift[1]) % s) * s;
+        int16_t* row = dst + c * voxels + (z * s + y) * s;
+        // A row shifted by shift[2] is two contiguous copies.
+        std::copy(in + shift[2], in + s, row);
+        std::copy(in, in + shift[2], row + tail);
+      }
+    }
+  }
+}
 
 void ApplyCubeSymmetry(int symmetry, const int16_t* src, int16_t* dst, int channels, int side) {
   Apply(symmetry, src, dst, channels, side);

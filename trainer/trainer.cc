@@ -953,6 +953,7 @@ PrefetchConfig Trainer::TrainingLoaderConfig() const {
   lc.batch = opt_.batch;
   lc.queue_depth = opt_.prefetch;
   lc.augment = opt_.augment;
+  lc.augment_shift = opt_.augment_shift;
   lc.seed = seed_;
   lc.transform = spec_.input_transform;
   lc.labels = train_labels_;

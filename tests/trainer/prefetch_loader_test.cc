@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 
 #include "trainer/sampler.h"
 
@@ -43,11 +44,12 @@ class PrefetchLoaderTest : public ::testing::Test {
   }
   void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
-  PrefetchConfig Config(bool augment) {
+  PrefetchConfig Config(bool augment, bool shift = false) {
     PrefetchConfig c;
     c.batch = 2;
     c.queue_depth = 2;
     c.augment = augment;
+    c.augment_shift = shift;
     c.seed = 3;
     c.transform = InputTransform::kLog1p;
     auto labels = MakeLabelMap(spec_, dataset_->info(), "test");
@@ -112,6 +114,43 @@ TEST_F(PrefetchLoaderTest, AugmentationPermutesVoxelsDeterministically) {
     a2.Release(y);
   }
   EXPECT_GT(changed, 0);
+}
+
+// With --augment-shift each sample is a periodic translation of what --augment alone gives; the
+// translation varies between samples and is the same on every run.
+TEST_F(PrefetchLoaderTest, PeriodicShiftTranslatesTheRotatedSampleDeterministically) {
+  auto source = MakeDatasetSource(dataset_.get());
+  PrefetchLoader rotated(source.get(), Plan(), Config(true));
+  PrefetchLoader s1(source.get(), Plan(), Config(true, true));
+  PrefetchLoader s2(source.get(), Plan(), Config(true, true));
+  std::set<int> shifts_seen;
+  for (int k = 0; k < 4; ++k) {
+    const PrefetchedBatch* r = rotated.Next(nullptr);
+    const PrefetchedBatch* x = s1.Next(nullptr);
+    const PrefetchedBatch* y = s2.Next(nullptr);
+    EXPECT_EQ(x->src, y->src);
+    EXPECT_EQ(r->labels, x->labels);
+    for (int i = 0; i < 2; ++i) {
+      const float* a = r->src.data() + i * 64;
+      const float* b = x->src.data() + i * 64;
+      int found = -1;  // the shift s (z, y, x in base 4) with b[v] = a[v shifted by s]
+      for (int s = 0; s < 64 && found < 0; ++s) {
+        const int sz = s / 16, sy = s / 4 % 4, sx = s % 4;
+        bool match = true;
+        for (int v = 0; v < 64 && match; ++v) {
+          const int z = v / 16, yy = v / 4 % 4, xx = v % 4;
+          match = b[v] == a[((z + sz) % 4 * 4 + (yy + sy) % 4) * 4 + (xx + sx) % 4];
+        }
+        if (match) found = s;
+      }
+      ASSERT_GE(found, 0) << "batch " << k << " sample " << i << " is no periodic shift";
+      shifts_seen.insert(found);
+    }
+    rotated.Release(r);
+    s1.Release(x);
+    s2.Release(y);
+  }
+  EXPECT_GT(shifts_seen.size(), 1u);  // not one fixed shift for all
 }
 
 TEST_F(PrefetchLoaderTest, MemoryStagingGivesTheSameBatchesAndRefusesUnstagedSamples) {

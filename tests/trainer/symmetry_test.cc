@@ -59,5 +59,30 @@ TEST(CubeSymmetryTest, MatchesANaiveRotationAndReflection) {
   for (size_t i = 0; i < dst.size(); ++i) EXPECT_EQ(fd[i], dst[i]);
 }
 
+TEST(PeriodicShiftTest, MatchesModularIndexingAndComposes) {
+  const int n = 5, channels = 2;
+  auto src = Ramp(channels, n);
+  auto at = [&](int c, int z, int y, int x) { return src[((c * n + z) * n + y) * n + x]; };
+  const int shift[3] = {1, 4, 2};
+  std::vector<int16_t> dst(src.size(), -1);
+  ApplyPeriodicShift(shift, src.data(), dst.data(), channels, n);
+  for (int c = 0; c < channels; ++c)
+    for (int z = 0; z < n; ++z)
+      for (int y = 0; y < n; ++y)
+        for (int x = 0; x < n; ++x)
+          ASSERT_EQ(dst[((c * n + z) * n + y) * n + x],
+                    at(c, (z + 1) % n, (y + 4) % n, (x + 2) % n));
+  const int zero[3] = {0, 0, 0};
+  std::vector<int16_t> same(src.size(), -1);
+  ApplyPeriodicShift(zero, src.data(), same.data(), channels, n);
+  EXPECT_EQ(same, src);
+  // Shifting by (1,4,2) then (3,3,4) is shifting by (4,2,1) (mod 5).
+  const int more[3] = {3, 3, 4}, total[3] = {4, 2, 1};
+  std::vector<int16_t> twice(src.size()), once(src.size());
+  ApplyPeriodicShift(more, dst.data(), twice.data(), channels, n);
+  ApplyPeriodicShift(total, src.data(), once.data(), channels, n);
+  EXPECT_EQ(twice, once);
+}
+
 }  // namespace
 }  // namespace cosmoflow
