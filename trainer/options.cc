@@ -61,6 +61,10 @@ const FlagInfo kFlags[] = {
      "none | memory | DIR: copy the dataset into memory or a node-local directory first [none]",
      false},
     {"prefetch", "batches read ahead by the background reader [2]", false},
+    {"bn-statistics-batches",
+     "at each epoch end, set batch_norm's running statistics to the population statistics of N "
+     "of the epoch's batches (0: keep the momentum averages) [0]",
+     false},
     {"shuffle",
      "global (one permutation per epoch) | shard (each rank permutes its own block) [global]",
      false},
@@ -188,6 +192,8 @@ std::optional<Status> ApplyDataFlag(TrainerOptions& o, const std::string& k, con
   } else if (k == "stage") {
     if (v.empty()) return Bad(k, v, "expected none, memory or a directory");
     o.stage = v;
+  } else if (k == "bn-statistics-batches") {
+    CF_ASSIGN_OR_RETURN(o.bn_statistics_batches, ToInt(k, v, 0, int64_t{1} << 40));
   } else if (k == "prefetch") {
     CF_ASSIGN_OR_RETURN(int64_t x, ToInt(k, v, 1, 64));
     o.prefetch = static_cast<int>(x);

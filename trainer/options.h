@@ -40,6 +40,7 @@ struct TrainerOptions {
   bool augment_shift = false;  // random periodic shifts: only for whole periodic boxes
   std::string stage = "none";  // none | memory | a directory (node-local disk)
   int prefetch = 2;            // batches read ahead
+  int64_t bn_statistics_batches = 0;  // 0: batch_norm keeps its momentum averages
   ShuffleMode shuffle = ShuffleMode::kGlobal;
   uint64_t seed = 1;
   // Checkpoints and logs.

@@ -208,6 +208,8 @@ class Trainer {
   void RecordTiming(double step_seconds, const StepTimes& times);
   std::optional<int> MaybeLogProgress();
   std::optional<int> MaybeCheckWeights();
+  std::optional<int> MaybeRecomputeStatistics();
+  Status RecomputeStatistics();
   std::optional<int> MaybeValidate();
   std::optional<int> MaybeCheckpoint();
   int Finish();
@@ -907,6 +909,8 @@ int Trainer::Run() {
     watchdog_->Enter("the progress and weight checks", step_);
     std::optional<int> code = MaybeLogProgress();
     if (!code) code = MaybeCheckWeights();
+    watchdog_->Enter("the batch_norm statistics pass", step_);
+    if (!code) code = MaybeRecomputeStatistics();
     watchdog_->Enter("validation", step_);
     if (!code) code = MaybeValidate();
     watchdog_->Enter("checkpointing", step_);
@@ -1072,6 +1076,46 @@ std::optional<int> Trainer::MaybeCheckWeights() {
         InternalError("weights differ between ranks after step " + std::to_string(step_)));
   }
   return std::nullopt;
+}
+
+std::optional<int> Trainer::MaybeRecomputeStatistics() {
+  const bool has_batch_norm = std::any_of(spec_.layers.begin(), spec_.layers.end(),
+                                          [](const LayerSpec& l) { return l.type == LayerType::kBatchNorm; });
+  if (opt_.bn_statistics_batches == 0 || !has_batch_norm || !(EpochEnd() || step_ == total_steps_)) {
+    return std::nullopt;
+  }
+  Status s = RecomputeStatistics();
+  if (!s.ok()) return FailRun(s);
+  return std::nullopt;
+}
+
+// The running statistics of every batch_norm layer set to the population statistics of the first
+// --bn-statistics-batches batches of the epoch just trained (as the training read them, augmented),
+// so that validation, calibration and the checkpoint use the weights' own statistics.
+Status Trainer::RecomputeStatistics() {
+  const auto t0 = Clock::now();
+  const int64_t spe = steps_per_epoch_, epoch = (step_ - 1) / spe;
+  BatchPlan plan;
+  plan.num_batches = std::min<int64_t>(opt_.bn_statistics_batches, spe);
+  EpochSampler sampler = *sampler_;
+  plan.indices = [sampler, epoch](int64_t k) mutable { return sampler.LocalBatch(epoch, k); };
+  plan.epoch = [epoch](int64_t) { return epoch; };
+  PrefetchLoader loader(train_source_.get(), plan, TrainingLoaderConfig());
+  net_->BeginStatisticsPass();
+  Status status;
+  for (int64_t k = 0; k < plan.num_batches && status.ok(); ++k) {
+    const PrefetchedBatch* batch = loader.Next(nullptr);
+    const Status local = batch ? batch->status : InternalError("the loader ended before the pass did");
+    status = AgreeOnStatus(local, world_.comm);  // every rank forwards, or none (batch_norm allreduces)
+    if (status.ok()) net_->Forward(batch->src.data(), pred_.data());
+    loader.Release(batch);
+  }
+  net_->EndStatisticsPass();
+  if (status.ok() && root()) {
+    CF_LOG(INFO) << "batch_norm statistics from " << plan.num_batches << " batches of epoch " << epoch + 1
+                 << " (" << Seconds(t0, Clock::now()) << " s)";
+  }
+  return status.WithContext("recomputing the batch_norm statistics");
 }
 
 std::optional<int> Trainer::MaybeValidate() {

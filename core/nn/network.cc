@@ -120,6 +120,14 @@ class NetworkImpl : public Network {
   void Forward(const float* src, float* dst) override;
   void Backward(const float* diff_dst, const std::function<void(int)>& on_grad_ready) override;
   void SetTrainingStep(uint64_t step) override { ctx_.step = step; }
+  void BeginStatisticsPass() override {
+    pass_saved_step_ = ctx_.step;
+    ctx_.statistics_pass = 1;
+  }
+  void EndStatisticsPass() override {
+    ctx_.step = pass_saved_step_;
+    ctx_.statistics_pass = 0;
+  }
   void SetProfiling(bool on) override { profiling_ = on; }
   std::string ProfileReport() const override;
 
@@ -161,6 +169,7 @@ class NetworkImpl : public Network {
   AlignedBuffer diff_buffers_[2];
 
   bool profiling_ = false;
+  uint64_t pass_saved_step_ = 0;  // the training step at BeginStatisticsPass()
   double edge_fwd_ms_ = 0, edge_bwd_ms_ = 0;
 };
 
@@ -365,6 +374,7 @@ void NetworkImpl::Forward(const float* src, float* dst) {
   dst_reorder_prim_.execute(ctx_.strm, ops_.back()->dst, user_dst_);
   ctx_.strm.wait();
   edge_fwd_ms_ += Ms(t2, Clock::now());
+  if (ctx_.statistics_pass > 0) ++ctx_.statistics_pass;
 }
 
 void NetworkImpl::Backward(const float* diff_dst, const std::function<void(int)>& on_grad_ready) {

@@ -156,6 +156,16 @@ class Network {
   virtual void Backward(const float* diff_dst,
                         const std::function<void(int)>& on_grad_ready = nullptr) = 0;
 
+  // Recomputes batch_norm's running statistics (training mode): between Begin and End, each
+  // Forward() sets them to the mean and unbiased variance of every activation of every batch
+  // forwarded since Begin (over all replicas), instead of moving them by momentum; no Backward()
+  // is needed. The momentum averages follow weights that changed during the last steps and rest on
+  // a few batches; these are the population statistics of the weights as they are now. Dropout
+  // draws masks as in training, and End restores the training step, so a resumed run draws the
+  // masks an uninterrupted one would.
+  virtual void BeginStatisticsPass() = 0;
+  virtual void EndStatisticsPass() = 0;
+
   // Number of training Forward() calls so far; it selects the dropout masks. A trainer resuming
   // after step S sets it to S so that it draws the same masks as an uninterrupted run.
   virtual void SetTrainingStep(uint64_t step) = 0;

@@ -32,6 +32,9 @@ struct OpContext {
   int batch = 1;
   uint64_t seed = 0;
   uint64_t step = 0;  // training forwards so far (dropout masks)
+  // 0: batch_norm's running statistics move by momentum. k >= 1: this forward is the k-th of a
+  // statistics pass (Network::BeginStatisticsPass), and they become the pass's population values.
+  int64_t statistics_pass = 0;
   // Convolutions whose src is channels-last (ndhwc) write ndhwc too (see ConvLayout in conv3d.h).
   bool channels_last = false;
   // Kernel choices forced by the caller (NetworkOptions::kernels, validated).

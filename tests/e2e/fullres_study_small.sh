@@ -165,6 +165,20 @@ if real:
         t = truth[c["cube"]]
         assert abs(c["params"]["Omega_M"]["true"] - t[0]) < 1e-3 and abs(c["params"]["sigma_8"]["true"] - t[1]) < 1e-3, c
     assert any("Chi-square of the 6 standardised residuals" in l for l in report), "report.md: no chi-square line"
+    # The baseline on the same cubes: sigma is its RMS on the test set, z and chi-square follow.
+    b = r["pk_baseline"]
+    test = list(csv.DictReader(open(f"{out}/pk_test.csv")))
+    z2 = 0.0
+    for c in b["cubes"]:
+        t = truth[c["cube"]]
+        assert abs(c["params"]["Omega_M"]["true"] - t[0]) < 1e-3, c
+        for p in ("Omega_M", "sigma_8"):
+            e = c["params"][p]
+            rms = math.sqrt(sum((float(x["pred_" + p]) - float(x["true_" + p])) ** 2 for x in test) / len(test))
+            assert abs(e["sigma"] - rms) <= 1e-9 * rms and abs(e["z"] - (e["pred"] - e["true"]) / rms) < 1e-9, (p, e, rms)
+            z2 += e["z"] ** 2
+    assert len(b["cubes"]) == 3 and abs(b["chi2"] - z2) <= 1e-9 * z2, b
+    assert any("The P(k) baseline" in l for l in report), "report.md: no baseline-on-real-cubes table"
 else:
     assert any(l.startswith("Real cubes skipped") for l in report), "report.md: no skip line"
 PY

@@ -19,13 +19,14 @@ StatusOr<TrainerOptions> Parse(std::vector<std::string> args, bool* help = nullp
 TEST(TrainerOptionsTest, ParsesFlagsBothSpellingsAndRecipeDefaults) {
   auto o = Parse({"--train=/d", "--out", "/o", "--batch=8", "--recipe=sc18", "--augment", "--lr",
                   "0.01", "--decay-epochs=3,6", "--decay-factors=0.5,0.1", "--shuffle=shard",
-                  "--augment-shift"});
+                  "--augment-shift", "--bn-statistics-batches", "16"});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->train_path, "/d");
   EXPECT_EQ(o->out_dir, "/o");
   EXPECT_EQ(o->batch, 8);
   EXPECT_TRUE(o->augment);
   EXPECT_TRUE(o->augment_shift);
+  EXPECT_EQ(o->bn_statistics_batches, 16);
   EXPECT_EQ(o->optimizer, "adam");  // the sc18 recipe's optimizer
   EXPECT_DOUBLE_EQ(o->lr.base_lr, 0.01);
   EXPECT_EQ(o->lr.decay_epochs, (std::vector<double>{3, 6}));
@@ -47,6 +48,7 @@ TEST(TrainerOptionsTest, NonsenseIsRejectedNamingTheFlag) {
       {{"--train=/d", "--out=/o", "--lr=-1"}, "--lr=-1: out of range"},
       {{"--train=/d", "--out=/o", "--augment=maybe"}, "--augment=maybe"},
       {{"--train=/d", "--out=/o", "--augment-shift=2"}, "--augment-shift=2"},
+      {{"--train=/d", "--out=/o", "--bn-statistics-batches=-1"}, "--bn-statistics-batches=-1"},
       {{"--out=/o"}, "--train is required"},
       {{"--train=/d"}, "--out is required"},
       {{"--train=/d", "--out=/o", "stray"}, "unexpected argument 'stray'"},

@@ -174,6 +174,36 @@ TEST_F(TrainerE2ETest, BatchNormTwoRanksOfBatchBGiveTheWeightsOfOneRankOfBatch2B
   EXPECT_TRUE(moved) << "bn0.running_mean missing from the checkpoint or never updated";
 }
 
+// --bn-statistics-batches: at each epoch end the running statistics become the population
+// statistics of the epoch's batches, the same on 2 ranks x batch 4 as on 1 rank x batch 8, and not
+// the momentum averages a run without the pass keeps.
+TEST_F(TrainerE2ETest, BatchNormStatisticsPassIsTheSameOnAnyRanksAndReplacesTheMomentumAverages) {
+  const std::string common =
+      " --spec=" + data_ + "/nodrop_bn.json --epochs=2 --recipe=constant --lr=0.0003 --seed=3";
+  RunResult two = Train(2, dir_ + "/two", "--batch=4 --bn-statistics-batches=9" + common);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_NE(two.err.find("batch_norm statistics from 4 batches of epoch 2"), std::string::npos) << two.err;
+  RunResult one = Train(1, dir_ + "/one", "--batch=8 --bn-statistics-batches=4" + common);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  RunResult plain = Train(1, dir_ + "/plain", "--batch=8" + common);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  Checkpoint a = Latest(dir_ + "/two"), b = Latest(dir_ + "/one"), c = Latest(dir_ + "/plain");
+  EXPECT_LT(RelativeDifference(a, b), 1e-4);
+  const auto var = [](const Checkpoint& k) {
+    for (const auto& t : k.weights) {
+      if (t.name == "bn0.running_var") return t.data;
+    }
+    return std::vector<float>{};
+  };
+  ASSERT_FALSE(var(a).empty());
+  double most = 0;
+  for (size_t i = 0; i < var(a).size(); ++i) {
+    EXPECT_NEAR(var(a)[i], var(b)[i], 1e-4 * std::abs(var(b)[i]) + 1e-7) << i;
+    most = std::max(most, std::abs(double(var(a)[i]) - var(c)[i]) / std::abs(var(c)[i]));
+  }
+  EXPECT_GT(most, 1e-3) << "the pass left the momentum averages as they were";
+}
+
 TEST_F(TrainerE2ETest, TwoRanksOfBatchBGiveTheWeightsOfOneRankOfBatch2B) {
   const std::string common =
       " --spec=" + data_ + "/nodrop.json --epochs=2 --recipe=constant --lr=0.0003 --seed=3";

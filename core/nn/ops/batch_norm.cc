@@ -3,7 +3,9 @@
 // Training: y = gamma * (x - mean) / sqrt(var + eps) + beta with the batch's mean and (biased)
 // variance, over every replica of the network when OpContext::allreduce_sum is set (so R ranks x
 // batch b compute what one process computes on batch R x b); the running statistics move by
-// `momentum` towards the batch's mean and unbiased variance. Inference uses the running statistics.
+// `momentum` towards the batch's mean and unbiased variance, or, in a statistics pass
+// (Network::BeginStatisticsPass), become the mean and unbiased variance of all the pass's batches
+// together. Inference uses the running statistics.
 // Backward: dx = gamma / sqrt(var + eps) * (dy - mean(dy) - xhat * mean(dy * xhat)), the means over
 // the whole (global) batch; dgamma = sum(dy * xhat) and dbeta = sum(dy) over this replica's batch
 // (the trainer averages gradients across ranks, which completes them).
@@ -163,6 +165,7 @@ class BatchNormOp : public Op {
     mean_.assign(channels_, 0.0);
     stat_sums_.assign(2 * channels_ + 1, 0.0);
     invstd_.assign(channels_, 0.0);
+    pivot_.assign(channels_, 0.0);
     if (c.training) {
       dx_ = memory(plain_f32, c.eng);
       sums_.assign(2 * channels_, 0.0);
@@ -262,6 +265,7 @@ class BatchNormOp : public Op {
       sums[channels_ + ch] = s2;
     }
     if (c.allreduce_sum) c.allreduce_sum(sums.data(), static_cast<int>(2 * channels_));
+    if (c.statistics_pass == 1) pass_sums_.assign(3 * channels_, 0.0);
     for (int64_t ch = 0; ch < channels_; ++ch) {
       // sums[ch] is what rounding left of sum (x - mean); it corrects the mean's own rounding.
       const double residual = sums[ch] / global_count_;
@@ -269,9 +273,30 @@ class BatchNormOp : public Op {
       mean_[ch] += residual;
       invstd_[ch] = 1.0 / std::sqrt(var + epsilon_);
       const double unbiased = global_count_ > 1 ? var * global_count_ / (global_count_ - 1) : var;
+      if (c.statistics_pass > 0) {
+        Accumulate(c.statistics_pass, ch, var);
+        continue;
+      }
       running_mean_->value[ch] = static_cast<float>((1 - momentum_) * running_mean_->value[ch] + momentum_ * mean_[ch]);
       running_var_->value[ch] = static_cast<float>((1 - momentum_) * running_var_->value[ch] + momentum_ * unbiased);
     }
+  }
+
+  // The k-th batch of a statistics pass, channel ch, with biased variance `var`: sums of count,
+  // count x (mean - pivot) and count x (var + (mean - pivot)^2) over the pass, the pivot being the
+  // first batch's mean (so a mean large against the spread does not cancel), and the running
+  // statistics set to the union's mean and unbiased variance.
+  void Accumulate(int64_t k, int64_t ch, double var) {
+    if (k == 1) pivot_[ch] = mean_[ch];
+    double* acc = pass_sums_.data() + 3 * ch;
+    const double d = mean_[ch] - pivot_[ch], n = global_count_;
+    acc[0] += n;
+    acc[1] += n * d;
+    acc[2] += n * (var + d * d);
+    const double shift = acc[1] / acc[0];
+    const double pop_var = std::max(0.0, acc[2] / acc[0] - shift * shift);
+    running_mean_->value[ch] = static_cast<float>(pivot_[ch] + shift);
+    running_var_->value[ch] = static_cast<float>(acc[0] > 1 ? pop_var * acc[0] / (acc[0] - 1) : pop_var);
   }
 
   void Normalise(bool bf16) {
@@ -294,6 +319,7 @@ class BatchNormOp : public Op {
   dnnl::reorder to_x_, from_dx_;
   bool reorder_src_ = false;
   std::vector<double> mean_, invstd_, sums_, stat_sums_;  // stat_sums_: 2 C + 1
+  std::vector<double> pivot_, pass_sums_;                 // a statistics pass: C and 3 C
   double global_count_ = 1;
 };
 

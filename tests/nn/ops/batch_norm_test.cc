@@ -1,6 +1,7 @@
 // batch_norm: training forward against the naive batch reference (also with a mean large against
-// the spread), gradients against finite differences, bf16 against fp32, running statistics,
-// inference from the running statistics, and the layer's spec.
+// the spread), gradients against finite differences, bf16 against fp32, running statistics, the
+// statistics pass (population statistics of its batches), inference from the running statistics,
+// and the layer's spec.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -159,6 +160,63 @@ TEST(BatchNormTest, RunningStatisticsFollowTheBatchAndServeInference) {
   Status st = inf->LoadParameters(missing);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("bn0.running_var"), std::string::npos) << st.message();
+}
+
+// Mean and unbiased variance per channel of the union of `batches` (each batch x 2 x per).
+std::vector<std::pair<double, double>> UnionStatistics(const std::vector<std::vector<float>>& batches, int batch,
+                                                       int64_t per) {
+  std::vector<std::pair<double, double>> out;
+  for (int ch = 0; ch < 2; ++ch) {
+    std::vector<double> v;
+    for (const auto& x : batches)
+      for (int b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < per; ++i) v.push_back(x[(b * 2 + ch) * per + i]);
+    double m = 0, s2 = 0;
+    for (double e : v) m += e;
+    m /= v.size();
+    for (double e : v) s2 += (e - m) * (e - m);
+    out.push_back({m, s2 / (v.size() - 1)});
+  }
+  return out;
+}
+
+TEST(BatchNormTest, StatisticsPassSetsThePopulationStatisticsOfItsBatches) {
+  ModelSpec spec = MakeSpec(2, 3, {BatchNormL(0.25f), FlattenL(), DenseL(2)}, 2);
+  const int batch = 4;
+  const int64_t per = 27;
+  auto net = MakeTrainingNet(spec, batch, {});
+  ASSERT_TRUE(net);
+  // Batches whose means differ (the union's variance holds the spread of the batch means too), one
+  // of them far from zero against its spread.
+  std::vector<std::vector<float>> xs = {RandomVector(InputSize(spec) * batch, 21, 0.f, 1.f),
+                                        RandomVector(InputSize(spec) * batch, 22, 2.f, 5.f),
+                                        RandomVector(InputSize(spec) * batch, 23, 1000.f, 1001.f)};
+  std::vector<float> y(batch * 2);
+  net->Forward(xs[0].data(), y.data());  // moves the running statistics by momentum first
+  net->BeginStatisticsPass();
+  for (const auto& x : xs) net->Forward(x.data(), y.data());
+  net->EndStatisticsPass();
+  auto expect = [&](const std::vector<std::pair<double, double>>& ref, const char* what) {
+    auto tensors = net->ExportParameters();
+    const auto& mean = FindTensor(tensors, "bn0.running_mean");
+    const auto& var = FindTensor(tensors, "bn0.running_var");
+    for (int ch = 0; ch < 2; ++ch) {
+      EXPECT_NEAR(mean.data[ch], ref[ch].first, 1e-5 * (1 + std::abs(ref[ch].first))) << what << " channel " << ch;
+      EXPECT_NEAR(var.data[ch], ref[ch].second, 1e-4 * ref[ch].second) << what << " channel " << ch;
+    }
+  };
+  expect(UnionStatistics(xs, batch, per), "three batches");
+  // A new pass starts over; after it, training moves the statistics by momentum again.
+  net->BeginStatisticsPass();
+  net->Forward(xs[1].data(), y.data());
+  net->EndStatisticsPass();
+  auto one = UnionStatistics({xs[1]}, batch, per);
+  expect(one, "a second pass of one batch");
+  net->Forward(xs[0].data(), y.data());
+  auto zero = UnionStatistics({xs[0]}, batch, per);
+  expect({{0.75 * one[0].first + 0.25 * zero[0].first, 0.75 * one[0].second + 0.25 * zero[0].second},
+          {0.75 * one[1].first + 0.25 * zero[1].first, 0.75 * one[1].second + 0.25 * zero[1].second}},
+         "momentum after the pass");
 }
 
 TEST(BatchNormTest, SpecFieldsRoundTripAndBadValuesAreNamed) {
