@@ -2,12 +2,15 @@
 """The full-resolution study's report (tools/fullres_study.sh).
 
     fullres_report.py real --universes REAL_UNIVERSES.csv --md REAL_CUBES.md --json REAL_CUBES.json
+                           [--baseline-pred PK_REAL.csv --baseline-test PK_TEST.csv]
         Appends the real cubes' table to REAL_CUBES.md (which the study began with the served
         model's checksum before any real cube was imported) and writes REAL_CUBES.json: per cube,
         prediction +- sigma against truth for every parameter, the standardised residuals
         z = (pred - true) / sigma of Omega_M and sigma_8, their chi-square over all cubes against
         the 95% point of chi-square with 2 x cubes degrees of freedom (12.6 for 3 cubes), and the
-        largest |z| against 3. Sigma is as served and averaged (never rescaled here).
+        largest |z| against 3. Sigma is as served and averaged (never rescaled here). With
+        --baseline-pred PK_REAL.csv --baseline-test PK_TEST.csv the P(k) baseline's predictions of
+        the same cubes get the same test, with sigma = the baseline's RMS error on the test set.
 
     fullres_report.py summary --dir OUT
         Writes OUT/report.md and OUT/report.json from OUT/study.json (settings), OUT/test/ and
@@ -47,25 +50,21 @@ def load_json(path):
         return json.load(f)
 
 
-def real(args):
-    if not os.path.exists(args.universes):
-        fail(f"{args.universes}: no such file")
-    with open(args.universes) as f:
+def read_rows(path, needed):
+    if not os.path.exists(path):
+        fail(f"{path}: no such file")
+    with open(path) as f:
         rows = list(csv.DictReader(f))
-    if not rows or not all(f"sigma_{n}" in rows[0] for n in REAL_PARAMS):
-        fail(f"{args.universes}: no rows, or no sigma_<p> columns for {REAL_PARAMS}")
-    names = [k[5:] for k in rows[0] if k.startswith("true_")]
-    cubes, zs = [], []
-    for r in rows:
-        entry = {"cube": int(r["group"]), "subcubes": int(r["subcubes"]), "combine": r["combine"], "params": {}}
-        for n in names:
-            t, p, s = float(r["true_" + n]), float(r["pred_" + n]), float(r["sigma_" + n])
-            entry["params"][n] = {"true": t, "pred": p, "sigma": s, "z": (p - t) / s}
-        zs += [entry["params"][n]["z"] for n in REAL_PARAMS]
-        cubes.append(entry)
-    zs = np.array(zs)
+    if not rows or not all(c in rows[0] for c in needed):
+        fail(f"{path}: no rows, or not all of the columns {', '.join(needed)}")
+    return rows
+
+
+def residuals(cubes, where):
+    """The chi-square test of REAL_PARAMS' standardised residuals over `cubes` (entries with params)."""
+    zs = np.array([c["params"][n]["z"] for c in cubes for n in REAL_PARAMS])
     if not np.all(np.isfinite(zs)):
-        fail(f"{args.universes}: a standardised residual is not finite")
+        fail(f"{where}: a standardised residual is not finite")
     dof = len(zs)
     limit = float(chi2.ppf(0.95, dof))
     result = {"cubes": cubes, "residual_params": list(REAL_PARAMS), "chi2": float(np.sum(zs ** 2)), "dof": dof,
@@ -73,21 +72,63 @@ def real(args):
               "max_abs_z": float(np.max(np.abs(zs)))}
     result["chi2_met"] = result["chi2"] < limit
     result["max_z_met"] = result["max_abs_z"] <= 3
-    rho = cubes[0]["combine"].partition("rho=")[2] or cubes[0]["combine"]
-    lines = ["", f"Each cube predicted as its {cubes[0]['subcubes']} sub-cubes, averaged with the combined covariance "
-                 f"(error correlation between sub-cubes rho = {rho}, fitted on the validation universes); sigma as "
-                 "served, never rescaled after seeing the real cubes.", "",
-             "| cube | " + " | ".join(f"{n}: pred ± sigma (true)" for n in names) + " | " +
+    return result
+
+
+def residual_lines(result, names):
+    """The table of pred +- sigma (true) and z per cube, and the chi-square sentence."""
+    lines = ["| cube | " + " | ".join(f"{n}: pred ± sigma (true)" for n in names) + " | " +
              " | ".join(f"z {n}" for n in REAL_PARAMS) + " |",
              "|---|" + "---|" * (len(names) + len(REAL_PARAMS))]
-    for c in cubes:
+    for c in result["cubes"]:
         lines.append(f"| {c['cube']} | " + " | ".join(
             f"{c['params'][n]['pred']:.4g} ± {c['params'][n]['sigma']:.2g} ({c['params'][n]['true']:.4g})" for n in names) +
             " | " + " | ".join(f"{c['params'][n]['z']:+.2f}" for n in REAL_PARAMS) + " |")
-    lines += ["", f"Chi-square of the {dof} standardised residuals ({', '.join(REAL_PARAMS)}): {result['chi2']:.2f} "
-                  f"(95% point of chi-square({dof}): {limit:.1f}; p = {result['p_value']:.3g}): "
-                  f"{'met' if result['chi2_met'] else '**missed**'}. Largest |z|: {result['max_abs_z']:.2f} "
-                  f"(limit 3): {'met' if result['max_z_met'] else '**missed**'}.", ""]
+    dof, limit = result["dof"], result["chi2_limit_95"]
+    return lines + ["", f"Chi-square of the {dof} standardised residuals ({', '.join(REAL_PARAMS)}): {result['chi2']:.2f} "
+                        f"(95% point of chi-square({dof}): {limit:.1f}; p = {result['p_value']:.3g}): "
+                        f"{'met' if result['chi2_met'] else '**missed**'}. Largest |z|: {result['max_abs_z']:.2f} "
+                        f"(limit 3): {'met' if result['max_z_met'] else '**missed**'}.", ""]
+
+
+def baseline_on_real(pred_path, test_path, names):
+    """The P(k) baseline's residuals on the real cubes, with sigma = its RMS error on the test set: the
+    baseline has no per-prediction uncertainty, and its test RMS is fixed before any real cube is seen."""
+    cols = [f"{w}_{n}" for n in names for w in ("true", "pred")]
+    test, rows = read_rows(test_path, cols), read_rows(pred_path, cols)
+    rms = {n: float(np.sqrt(np.mean([(float(r["pred_" + n]) - float(r["true_" + n])) ** 2 for r in test])))
+           for n in names}
+    cubes = [{"cube": int(r.get("index", i)), "params": {
+        n: {"true": float(r["true_" + n]), "pred": float(r["pred_" + n]), "sigma": rms[n],
+            "z": (float(r["pred_" + n]) - float(r["true_" + n])) / rms[n]} for n in names}}
+        for i, r in enumerate(rows)]
+    result = residuals(cubes, pred_path)
+    result["sigma_from"] = f"RMS error on the {len(test)} test universes"
+    return result
+
+
+def real(args):
+    rows = read_rows(args.universes, [f"sigma_{n}" for n in REAL_PARAMS])
+    names = [k[5:] for k in rows[0] if k.startswith("true_")]
+    cubes = []
+    for r in rows:
+        entry = {"cube": int(r["group"]), "subcubes": int(r["subcubes"]), "combine": r["combine"], "params": {}}
+        for n in names:
+            t, p, s = float(r["true_" + n]), float(r["pred_" + n]), float(r["sigma_" + n])
+            entry["params"][n] = {"true": t, "pred": p, "sigma": s, "z": (p - t) / s}
+        cubes.append(entry)
+    result = residuals(cubes, args.universes)
+    rho = cubes[0]["combine"].partition("rho=")[2] or cubes[0]["combine"]
+    lines = ["", f"Each cube predicted as its {cubes[0]['subcubes']} sub-cubes, averaged with the combined covariance "
+                 f"(error correlation between sub-cubes rho = {rho}, fitted on the validation universes); sigma as "
+                 "served, never rescaled after seeing the real cubes.", ""] + residual_lines(result, names)
+    if bool(args.baseline_pred) != bool(args.baseline_test):
+        fail("--baseline-pred and --baseline-test go together")
+    if args.baseline_pred:
+        base = baseline_on_real(args.baseline_pred, args.baseline_test, names)
+        result["pk_baseline"] = base
+        lines += ["The P(k) baseline (the ridge fit of the study's baseline, on each real cube's full spectra) for "
+                  f"comparison, with sigma = its {base['sigma_from']}:", ""] + residual_lines(base, names)
     with open(args.md, "a") as f:
         f.write("\n".join(lines))
     with open(args.json, "w") as f:
@@ -167,13 +208,15 @@ def summary(args):
     twin_note = (f" Each training universe is also generated with `{twin}` added (the same seed: the same cosmology "
                  f"and initial phases), and the network and the baseline train on both ({2 * study['n_train']} "
                  f"universes).") if twin else ""
+    bn = study.get("bn_statistics_batches", 0)
+    bn_note = f", batch_norm statistics recomputed from {bn} training batches at each epoch end" if bn else ""
     lines = ["# Full-resolution study", "",
              f"{study['n_train']} training, {study['n_val']} validation and {study['n_test']} test universes of "
              f"{made} (voxels of 1 Mpc/h at H0 = 70, z = 0, 0.5, 1.5, 3), and "
              f"{study['n_robust']} robustness universes evolved with `{study['robust_args']}`; each cut into "
              f"{study['subcubes_per_universe']} sub-cubes of {study['sub_side']}^3.{twin_note} Network `{study['spec']}`, "
              f"{study['members']} member(s) x {study['epochs']} epochs, {study['precision']}, 2 MPI ranks x batch "
-             f"{study['batch']}. Predictions averaged per universe over its sub-cubes with the combined "
+             f"{study['batch']}{bn_note}. Predictions averaged per universe over its sub-cubes with the combined "
              f"covariance ({study['combine']}, fitted on the validation universes). P(k) baseline: ridge regression "
              f"on the full {side}^3 cubes' per-redshift spectra and cross-spectra. Trivial predictor: the training mean.",
              "", elapsed_line(study), "",
@@ -210,6 +253,8 @@ def main():
     r.add_argument("--universes", required=True)
     r.add_argument("--md", required=True)
     r.add_argument("--json", required=True)
+    r.add_argument("--baseline-pred", help="the P(k) baseline's predictions of the real cubes (pk_baseline.py)")
+    r.add_argument("--baseline-test", help="its predictions of the test set, whose RMS is its sigma")
     s = sub.add_parser("summary")
     s.add_argument("--dir", required=True)
     a = ap.parse_args()

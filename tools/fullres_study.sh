@@ -13,6 +13,8 @@
 #   PRECISION=fp32 MSE_WARMUP_EPOCHS=2 SEED=1 SERVE_PRECISION=fp32 SYNTH_ARGS=""
 #   PRIOR="0.27,0.33;0.72,0.88;0.864,1.056;63,77" REAL_DIR=<checkout>/../shared/data/mlperf-cosmoflow
 #   BUILD_DIR=<checkout>/build TRAIN=1 (TRAIN=0 reuses a finished OUT_DIR/run)
+#   BN_STATISTICS_BATCHES=0: with N > 0, batch_norm's running statistics are recomputed from N
+#   training batches at each epoch end (cosmoflow-train --bn-statistics-batches)
 #   CUBE_SIDE=<the parents' side>: with SYNTH_ARGS="--side 256" and CUBE_SIDE=128 every universe is
 #   a 128^3 piece of a 256^3 parent, whose mean density differs from 1 as the real cubes' do; the
 #   N_* then count pieces (multiples of 8).
@@ -32,6 +34,7 @@ ROBUST_ARGS=${ROBUST_ARGS:---pm-mesh 2}; TRAIN_TWIN_ARGS=${TRAIN_TWIN_ARGS:-}; S
 SPEC=${SPEC:-$here/tools/specs/fullres32x4-log1p-fullcov.json}
 MEMBERS=${MEMBERS:-3}; EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}
 MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-2}; SEED=${SEED:-1}; SERVE_PRECISION=${SERVE_PRECISION:-fp32}
+BN_STATISTICS_BATCHES=${BN_STATISTICS_BATCHES:-0}
 PRIOR=${PRIOR:-0.27,0.33;0.72,0.88;0.864,1.056;63,77}  # the preset's prior (synth/mlperf.h): p0 (1 +- 0.1)
 REAL_DIR=${REAL_DIR:-$here/../shared/data/mlperf-cosmoflow}
 TRAIN=${TRAIN:-1}
@@ -42,6 +45,9 @@ for v in N_TRAIN N_VAL N_TEST N_ROBUST SUB_SIDE BIN MEMBERS EPOCHS BATCH MSE_WAR
     { echo "fullres_study.sh: $v=${!v}: expected a positive integer" >&2; exit 2; }
   printf -v "$v" '%d' "$((10#${!v}))"  # "08" -> 8
 done
+[[ "$BN_STATISTICS_BATCHES" =~ ^[0-9]+$ ]] ||
+  { echo "fullres_study.sh: BN_STATISTICS_BATCHES=$BN_STATISTICS_BATCHES: expected a non-negative integer" >&2; exit 2; }
+BN_STATISTICS_BATCHES=$((10#$BN_STATISTICS_BATCHES))
 (( MEMBERS <= 99 )) || { echo "fullres_study.sh: MEMBERS=$MEMBERS: expected 1..99" >&2; exit 2; }
 (( N_TRAIN >= 5 && N_VAL >= 2 )) ||
   { echo "fullres_study.sh: N_TRAIN=$N_TRAIN N_VAL=$N_VAL: the baseline's 5-fold fit and the rho fit need >= 5 and >= 2" >&2; exit 2; }
@@ -180,6 +186,7 @@ else
   # An interrupted run with the same settings resumes (the trainer continues each member from its
   # latest checkpoint and skips finished ones); any other run directory is replaced.
   settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $side $SUB_SIDE $BIN $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED $TRAIN_TWIN_ARGS"
+  (( BN_STATISTICS_BATCHES == 0 )) || settings+=" bn-statistics $BN_STATISTICS_BATCHES"
   if [ "$(cat "$out/run/fullres-settings" 2>/dev/null)" = "$settings" ]; then
     echo "   resuming the run in $out/run (same settings)"
   else
@@ -192,12 +199,12 @@ else
     --spec "$SPEC" --train "$out/data/$train_set-$sub" --val "$out/data/val-$sub" --out "$out/run" --epochs "$EPOCHS" \
     --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment "${shift[@]}" --log-every 256 \
     --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient mse \
-    --covariance-gradient head --calibration power
+    --covariance-gradient head --calibration power --bn-statistics-batches "$BN_STATISTICS_BATCHES"
 fi
 
 # ---- 5. every sub-cube through the real server, averaged per universe.
 stage "serving $(( (N_VAL + N_TEST + N_ROBUST) * per_universe )) sub-cubes through cosmoflow-server, averaging per universe"
-rm -f "$out/grpc.port" "$out"/pred_*.csv "$out"/universes_*.csv "$out"/model_info*.json "$out"/real_cubes.*
+rm -f "$out/grpc.port" "$out"/pred_*.csv "$out"/universes_*.csv "$out"/model_info*.json "$out"/real_cubes.* "$out/pk_real.csv"
 "$build/server/cosmoflow-server" --checkpoint "$model" --address 127.0.0.1:0 --metrics-address "" \
   --port-file "$out/grpc.port" --max-batch 8 --precision "$SERVE_PRECISION" > "$out/server.log" 2>&1 &
 pid=$!
@@ -242,8 +249,12 @@ if ls "$REAL_DIR"/*.tfrecord >/dev/null 2>&1; then
   $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/real-$sub" --out "$out/pred_real.csv"
   $py "$here/tools/average_subcubes.py" --pred "$out/pred_real.csv" --data "$out/data/real-$sub" \
     --out "$out/universes_real.csv" --combine "rho:$rho"
+  # The baseline's fit on the same training universes, for comparison on the same cubes (its test
+  # RMS is its sigma).
+  $py "$here/tools/pk_baseline.py" --train "$out/data/$train_set" --test "$out/data/real" \
+    --out "$out/pk_real.csv" --cross --workers 2
   $py "$here/tools/fullres_report.py" real --universes "$out/universes_real.csv" --md "$out/real_cubes.md" \
-    --json "$out/real_cubes.json"
+    --json "$out/real_cubes.json" --baseline-pred "$out/pk_real.csv" --baseline-test "$out/pk_test.csv"
 else
   msg="Real cubes skipped: no MLPerf TFRecords in $REAL_DIR."
   printf '\n%s\n' "$msg" >> "$out/real_cubes.md"
@@ -268,7 +279,7 @@ json.dump({"n_train": $N_TRAIN, "n_val": $N_VAL, "n_test": $N_TEST, "n_robust": 
            "robust_args": "$ROBUST_ARGS", "train_twin_args": "$TRAIN_TWIN_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "parent_side": $parent_side, "sub_side": $SUB_SIDE, "bin": $BIN,
            "subcubes_per_universe": $per_universe, "spec": "$(basename "$SPEC")", "members": $MEMBERS,
            "epochs": $EPOCHS, "batch": $BATCH, "lr": $LR, "precision": "$PRECISION",
-           "serve_precision": "$SERVE_PRECISION", "mse_warmup_epochs": $MSE_WARMUP_EPOCHS, "seed": $SEED,
+           "serve_precision": "$SERVE_PRECISION", "mse_warmup_epochs": $MSE_WARMUP_EPOCHS, "seed": $SEED, "bn_statistics_batches": $BN_STATISTICS_BATCHES,
            "combine": "rho = $rho", "rho": $rho, "prior": "$PRIOR", "train_mean": "$mean",
            "manifest_sha256": "$manifest_sha", "trained": $TRAIN, "estimate_s": $total, "elapsed_s": $(( $(date +%s) - t0 ))},
           open(sys.argv[1], "w"), indent=1)
