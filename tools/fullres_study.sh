@@ -97,13 +97,14 @@ if [ -n "$TRAIN_TWIN_ARGS" ]; then
   twin_synth=$(( 1000 * N_TRAIN )); pm2 "$SYNTH_ARGS $TRAIN_TWIN_ARGS" && twin_synth=$(( 4000 * N_TRAIN ))
 fi
 sub_total=$(( (n_train_all + N_VAL + N_TEST + N_ROBUST) * per_universe ))
+sub_milli=$(( 1000 * SUB_SIDE ** 3 / 32 ** 3 ))  # the rates below are for 32^3 sub-cubes
 names=(data subcubes baseline training serving real report)
 est=(
   $(( (1000 * synth_factor * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST + twin_synth) * vol_milli / 1000000 + 1 ))
   $(( 50 * (n_train_all + N_VAL + N_TEST + N_ROBUST) * vol_milli / 1000000 + 1 ))
   $(( 150 * (n_train_all + N_TEST + N_ROBUST) * vol_milli / 1000000 + 5 ))
-  $(( MEMBERS * EPOCHS * (n_train_all * per_universe / 300 + N_VAL * per_universe / 1000) + 10 * MEMBERS ))
-  $(( MEMBERS * (N_VAL + N_TEST + N_ROBUST) * per_universe / 400 + 5 ))
+  $(( MEMBERS * EPOCHS * (n_train_all * per_universe * sub_milli / 300000 + N_VAL * per_universe * sub_milli / 1000000) + 10 * MEMBERS ))
+  $(( MEMBERS * (N_VAL + N_TEST + N_ROBUST) * per_universe * sub_milli / 400000 + 5 ))
   $(( MEMBERS * 3 * 64 / 400 + 15 ))
   20)
 fmt() { printf '%dh%02dm%02ds' $(($1 / 3600)) $(($1 % 3600 / 60)) $(($1 % 60)); }
