@@ -172,7 +172,7 @@ done
 # ---- 3. the P(k) baseline on the full cubes: per-redshift spectra and their cross-spectra.
 stage "P(k) baseline (ridge on per-redshift P(k) and cross-spectra of the full ${side}^3 cubes)"
 $py "$here/tools/pk_baseline.py" --train "$out/data/$train_set" --test "$out/data/test" "$out/data/robust" \
-  --out "$out/pk_test.csv" "$out/pk_robust.csv" --cross --workers 2
+  --out "$out/pk_test.csv" "$out/pk_robust.csv" --cross --workers 2 --save-model "$out/pk_fit.npz"
 
 # ---- 4. training: 2 MPI ranks, the uncertainty study's flags.
 model=$out/run/checkpoints; [ "$MEMBERS" -gt 1 ] && model=$out/run
@@ -250,10 +250,8 @@ if ls "$REAL_DIR"/*.tfrecord >/dev/null 2>&1; then
   $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/real-$sub" --out "$out/pred_real.csv"
   $py "$here/tools/average_subcubes.py" --pred "$out/pred_real.csv" --data "$out/data/real-$sub" \
     --out "$out/universes_real.csv" --combine "rho:$rho"
-  # The baseline's fit on the same training universes, for comparison on the same cubes (its test
-  # RMS is its sigma).
-  $py "$here/tools/pk_baseline.py" --train "$out/data/$train_set" --test "$out/data/real" \
-    --out "$out/pk_real.csv" --cross --workers 2
+  # The baseline's fit of stage 3, for comparison on the same cubes (its test RMS is its sigma).
+  $py "$here/tools/pk_baseline.py" --model "$out/pk_fit.npz" --test "$out/data/real" --out "$out/pk_real.csv"
   $py "$here/tools/fullres_report.py" real --universes "$out/universes_real.csv" --md "$out/real_cubes.md" \
     --json "$out/real_cubes.json" --baseline-pred "$out/pk_real.csv" --baseline-test "$out/pk_test.csv"
 else

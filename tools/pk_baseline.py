@@ -22,7 +22,9 @@ Omega_M and sigma_8. Without --cross the features, fit and output are those of t
 
 Usage: pk_baseline.py --train DIR_OR_H5 --test DIR_OR_H5 [DIR_OR_H5...] --out predictions.csv [CSV...]
                       [--bins 12] [--cross] [--workers N] [--lambda X]
-Several test sets (one --out each) share one fit. Writes CSV rows: index, true_<param>..., pred_<param>...
+       pk_baseline.py --model FIT.npz --test ... --out ...     (a fit saved with --save-model FIT.npz)
+Several test sets (one --out each) share one fit; a saved fit carries its --bins and --cross.
+Writes CSV rows: index, true_<param>..., pred_<param>...
 """
 import argparse
 import functools
@@ -158,9 +160,41 @@ def design(x, mu, sd):
     return np.hstack([np.ones((z.shape[0], 1)), z])
 
 
+def fit_model(args):
+    """The ridge fit on --train: feature scaling, weights and each parameter's strength."""
+    xtr, ytr, names = load(args.train, args.bins, args.cross, args.workers)
+    mu, sd = xtr.mean(0), xtr.std(0) + 1e-12
+    dtr = design(xtr, mu, sd)
+    if args.lam is None:
+        w, lams = fit_per_parameter(dtr, ytr)
+    else:
+        w, lams = ridge_fit(dtr, ytr, args.lam), [args.lam] * ytr.shape[1]
+    return dict(mu=mu, sd=sd, w=w, lams=list(lams), names=list(names), bins=args.bins,
+                cross=bool(args.cross), n_train=len(xtr))
+
+
+def save_model(path, fit):
+    tmp = path + ".tmp.npz"  # np.savez adds .npz; rename keeps a half-written file from being read
+    np.savez(tmp, **{k: np.asarray(v) for k, v in fit.items()})
+    os.replace(tmp, path)
+
+
+def load_model(path):
+    try:
+        with np.load(path) as z:
+            fit = {k: z[k] for k in z.files}
+        return dict(mu=fit["mu"], sd=fit["sd"], w=fit["w"], lams=[float(v) for v in fit["lams"]],
+                    names=[str(n) for n in fit["names"]], bins=int(fit["bins"]), cross=bool(fit["cross"]),
+                    n_train=int(fit["n_train"]))
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"pk_baseline.py: --model {path}: not a saved fit ({e})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--train", required=True)
+    ap.add_argument("--train", help="the training set (the fit); or --model")
+    ap.add_argument("--model", help="a fit saved by --save-model, instead of --train")
+    ap.add_argument("--save-model", help="write the fit (.npz) for later --model runs")
     ap.add_argument("--test", required=True, nargs="+")
     ap.add_argument("--out", required=True, nargs="+")
     ap.add_argument("--bins", type=int, default=12)
@@ -175,13 +209,13 @@ def main():
     if args.lam is not None and not args.lam >= 0:
         sys.exit(f"pk_baseline.py: --lambda {args.lam:g}: expected a strength >= 0")
 
-    xtr, ytr, names = load(args.train, args.bins, args.cross, args.workers)
-    mu, sd = xtr.mean(0), xtr.std(0) + 1e-12
-    dtr = design(xtr, mu, sd)
-    if args.lam is None:
-        w, lams = fit_per_parameter(dtr, ytr)
-    else:
-        w, lams = ridge_fit(dtr, ytr, args.lam), [args.lam] * ytr.shape[1]
+    if (args.train is None) == (args.model is None):
+        sys.exit("pk_baseline.py: give either --train (fit) or --model (a saved fit)")
+    fit = fit_model(args) if args.train else load_model(args.model)
+    if args.save_model:
+        save_model(args.save_model, fit)
+    mu, sd, w, lams, names = fit["mu"], fit["sd"], fit["w"], fit["lams"], fit["names"]
+    args.bins, args.cross = fit["bins"], fit["cross"]
     for test, out_path in zip(args.test, args.out):
         xte, yte, tnames = load(test, args.bins, args.cross, args.workers)
         if tnames != names:
@@ -192,8 +226,8 @@ def main():
                       ",".join(f"pred_{n}" for n in names) + "\n")
             for i, (t, p) in enumerate(zip(yte, pred)):
                 out.write(f"{i}," + ",".join(f"{v:.6g}" for v in t) + "," + ",".join(f"{v:.6g}" for v in p) + "\n")
-        print(f"pk_baseline.py: {len(xtr)} train / {len(xte)} test cubes, {args.bins} k bins"
-              f"{', cross-spectra' if args.cross else ''}, {xtr.shape[1]} features, ridge lambda "
+        print(f"pk_baseline.py: {fit['n_train']} train / {len(xte)} test cubes, {args.bins} k bins"
+              f"{', cross-spectra' if args.cross else ''}, {len(mu)} features, ridge lambda "
               f"{', '.join(f'{n} {lam:g}' for n, lam in zip(names, lams))}"
               f" -> {out_path}", file=sys.stderr)
 

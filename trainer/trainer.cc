@@ -1079,11 +1079,10 @@ std::optional<int> Trainer::MaybeCheckWeights() {
 }
 
 std::optional<int> Trainer::MaybeRecomputeStatistics() {
+  if (opt_.bn_statistics_batches == 0 || !(EpochEnd() || step_ == total_steps_)) return std::nullopt;
   const bool has_batch_norm = std::any_of(spec_.layers.begin(), spec_.layers.end(),
                                           [](const LayerSpec& l) { return l.type == LayerType::kBatchNorm; });
-  if (opt_.bn_statistics_batches == 0 || !has_batch_norm || !(EpochEnd() || step_ == total_steps_)) {
-    return std::nullopt;
-  }
+  if (!has_batch_norm) return std::nullopt;
   Status s = RecomputeStatistics();
   if (!s.ok()) return FailRun(s);
   return std::nullopt;

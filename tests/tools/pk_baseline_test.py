@@ -143,6 +143,20 @@ def main():
         "--out", f"{work}/cross.csv", f"{work}/cross2.csv", "--bins", str(BINS), "--cross", "--workers", "2")
     run("--train", f"{work}/train.h5", "--test", f"{work}/test2.h5", "--out", f"{work}/cross2-alone.csv",
         "--bins", str(BINS), "--cross")
+    # A saved fit predicts exactly as the fit it was saved from, with its own --bins and --cross.
+    run("--train", f"{work}/train.h5", "--test", f"{work}/test.h5", "--out", f"{work}/cross-saved.csv",
+        "--bins", str(BINS), "--cross", "--save-model", f"{work}/fit.npz")
+    run("--model", f"{work}/fit.npz", "--test", f"{work}/test2.h5", "--out", f"{work}/cross2-model.csv")
+    if open(f"{work}/cross2-model.csv").read() != open(f"{work}/cross2-alone.csv").read():
+        fail("predictions from --model differ from those of the fit it saved")
+    with open(f"{work}/bad.npz", "wb") as bad:
+        bad.write(b"not a fit")
+    r = run("--model", f"{work}/bad.npz", "--test", f"{work}/test2.h5", "--out", "x.csv", ok=False)
+    if r.returncode == 0 or "bad.npz" not in r.stderr or "Traceback" in r.stderr:
+        fail(f"a corrupt --model was not refused with one line: {r.returncode} {r.stderr}")
+    r = run("--test", f"{work}/test2.h5", "--out", "x.csv", ok=False)
+    if r.returncode == 0 or "--model" not in r.stderr:
+        fail(f"neither --train nor --model was not refused: {r.returncode} {r.stderr}")
     plain, cross = rms_ratio(f"{work}/plain.csv"), rms_ratio(f"{work}/cross.csv")
     if not cross < 0.3:
         fail(f"with --cross the RMS is {cross:.3f} of the trivial predictor's, expected < 0.3")

@@ -272,11 +272,11 @@ class BatchNormOp : public Op {
       const double var = std::max(0.0, sums[channels_ + ch] / global_count_ - residual * residual);
       mean_[ch] += residual;
       invstd_[ch] = 1.0 / std::sqrt(var + epsilon_);
-      const double unbiased = global_count_ > 1 ? var * global_count_ / (global_count_ - 1) : var;
       if (c.statistics_pass > 0) {
         Accumulate(c.statistics_pass, ch, var);
         continue;
       }
+      const double unbiased = global_count_ > 1 ? var * global_count_ / (global_count_ - 1) : var;
       running_mean_->value[ch] = static_cast<float>((1 - momentum_) * running_mean_->value[ch] + momentum_ * mean_[ch]);
       running_var_->value[ch] = static_cast<float>((1 - momentum_) * running_var_->value[ch] + momentum_ * unbiased);
     }
