@@ -4,6 +4,8 @@
     /usr/bin/python3 tools/compare_real.py --real REAL.h5 --out DIR [--members 32] [--seed 1000]
         [--synth build/synth/synth] [--synth-args "--pm-steps 20"] [--side S] [--indices 0,2]
         [--kmax 1.5] [--pk-bins 10] [--taper 0] [--threads N]
+        [--parent-side P] [--address HOST:PORT [--sub-side S] [--bin B]]
+        [--subcubes build/synth/cosmoflow-subcubes]
 
 REAL.h5 is a shard written by cosmoflow-import (labels Omega_M, sigma_8, n_s, H0 and each cube's
 box side in /sample/box_size_mpc_h). For each real cube, `synth --preset mlperf` generates
@@ -23,13 +25,28 @@ and each channel of the real cube is tested against the ensemble:
 and, per cube, the correlation between channels (Pearson, contrasts smoothed at 2 Mpc/h) for the
 pairs (z=0, 0.5), (0.5, 1.5), (1.5, 3), (0, 3): z-scores and the joint chi-square.
 
+--parent-side P makes every member a side^3 piece of a P^3 parent (cut by cosmoflow-subcubes, the
+first M pieces of ceil(M / (P/side)^3) parents), as the real cubes are 128^3 pieces of 512^3 boxes
+with their own mean density; pieces of one parent share its large-scale modes, so the ensemble's
+spread is measured with fewer independent draws than M.
+
 --side S (< the cube side) compares the corner S^3 sub-box of each real cube with S^3 synthetic
 boxes (the toy mode of the ctest test). --taper F multiplies every contrast by a 3-D Tukey
 window (cosine over a fraction F of each axis) before P(k), for a P(k) insensitive to the real
 cubes' non-periodic edges.
 
+With --address HOST:PORT (a running cosmoflow-server) the served network is one more statistic:
+the real cube and every ensemble member are cut as its training data were (cosmoflow-subcubes
+--side --sub-side --bin --bin; the whole cube by default), predicted through the server and
+averaged per universe; per output the real cube's prediction is placed in the ensemble's
+predictions (z-score, percentile, and one chi-square over all outputs with the ensemble's
+covariance), and the ensemble's mean against the truth shows the network's own bias at those
+parameters. A real cube the network misreads while the ensemble at its parameters is read right
+holds something the synthetic universes do not.
+
 Writes DIR/real_cubes.md (table), DIR/real_cubes.csv, DIR/real_cubes.json and one
-DIR/real-<index>.png per real cube (real P(k) and PDF over the ensemble's 2.5-97.5% band).
+DIR/real-<index>.png per real cube (real P(k) and PDF over the ensemble's 2.5-97.5% band); with
+--address also DIR/network.md (the network's table alone) and the cut inputs in DIR/network/.
 Progress goes to stderr. Exit status: 0 done, 1 a failure (one line on stderr), 2 bad usage.
 """
 import argparse
@@ -70,7 +87,19 @@ def parse_args(argv):
     ap.add_argument("--pk-bins", type=int, default=10)
     ap.add_argument("--taper", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=0, help="synth --threads (default all)")
+    ap.add_argument("--address", default="", help="a cosmoflow-server: its network as a statistic")
+    ap.add_argument("--sub-side", type=int, default=0, help="the network's input side (default: whole cube)")
+    ap.add_argument("--bin", type=int, default=1, help="voxels summed in bin^3 blocks before cutting")
+    ap.add_argument("--subcubes", default="build/synth/cosmoflow-subcubes")
+    ap.add_argument("--parent-side", type=int, default=0,
+                    help="members are side^3 pieces of parents of this side (their own mean density)")
     a = ap.parse_args(argv)
+    if a.address and a.members < 7:
+        ap.error(f"--members {a.members} is too few for the network's 4 outputs (need 7)")
+    if a.parent_side < 0:
+        ap.error("--parent-side must be >= 0")
+    if a.sub_side < 0 or a.bin < 1:
+        ap.error("--sub-side must be >= 0 and --bin >= 1")
     if a.members < a.pk_bins + 4:
         ap.error(f"--members {a.members} is too few for {a.pk_bins} P(k) bins (need bins + 4)")
     if not 0 <= a.taper < 1:
@@ -115,24 +144,42 @@ def synth_command(a, params, side, out):
     return cmd + shlex.split(a.synth_args)
 
 
+def generate(a, params, side, path):
+    """The ensemble file: M periodic universes, or (--parent-side) the first M side^3 pieces of
+    enough parent universes, cut by cosmoflow-subcubes. Returns the commands (the cache stamp)."""
+    if not a.parent_side:
+        cmds = [synth_command(a, params, side, path)]
+    else:
+        pieces = (a.parent_side // side) ** 3
+        parents = path + ".parents.h5"
+        synth = synth_command(a, params, a.parent_side, parents)
+        synth[synth.index("--samples") + 1] = str(-(-a.members // pieces))
+        cmds = [synth, [a.subcubes, "--in", parents, "--out", path, "--side", str(side), "--quiet"]]
+    for cmd in cmds:
+        print(f"compare_real:   {' '.join(cmd)}", file=sys.stderr, flush=True)
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            raise Failure(f"{os.path.basename(cmd[0])} failed (status {r.returncode}): {r.stderr.strip()}")
+    if a.parent_side:
+        os.remove(path + ".parents.h5")
+    return " ; ".join(" ".join(c) for c in cmds)
+
+
 def ensemble(a, index, params, side):
     """The ensemble's counts (M, C, s, s, s) and box side, generated unless already there."""
     path = os.path.join(a.out, f"ensemble-{index}.h5")
-    cmd = synth_command(a, params, side, path)
-    stamp = path + ".cmd"
-    if not (os.path.exists(path) and os.path.exists(stamp) and open(stamp).read() == " ".join(cmd)):
+    stamp, key = path + ".cmd", f"{a.parent_side} {' '.join(synth_command(a, params, side, path))}"
+    if not (os.path.exists(path) and os.path.exists(stamp) and open(stamp).read() == key):
         t0 = time.time()
-        print(f"compare_real: cube {index}: generating {a.members} universes: {' '.join(cmd)}",
-              file=sys.stderr, flush=True)
-        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if r.returncode != 0:
-            raise Failure(f"synth failed (status {r.returncode}): {r.stderr.strip()}")
+        what = f"pieces of {a.parent_side}^3 parents" if a.parent_side else "universes"
+        print(f"compare_real: cube {index}: generating {a.members} {what}", file=sys.stderr, flush=True)
+        generate(a, params, side, path)
         with open(stamp, "w") as f:
-            f.write(" ".join(cmd))
+            f.write(key)
         print(f"compare_real: cube {index}: {a.members} universes in {time.time() - t0:.0f} s",
               file=sys.stderr, flush=True)
     with h5py.File(path, "r") as f:
-        return f["cubes"][:], float(f["sample/box_size_mpc_h"][0])
+        return f["cubes"][:a.members], float(f["sample/box_size_mpc_h"][0])
 
 
 def summarise(counts, box, a, edges):
@@ -192,6 +239,83 @@ def compare(real, members, redshifts):
                 "z": [cs.zscore(real["corr"][q], ens[:, q]) for q in range(len(CORR_PAIRS))],
                 "p": cs.ensemble_chi2(real["corr"], ens)["p"]}
     return rows, corr
+
+
+def cut(a, src, dst, side, bin_):
+    """cosmoflow-subcubes src -> dst (one file), the training data's code path."""
+    cmd = [a.subcubes, "--in", src, "--out", dst, "--side", str(side), "--bin", str(bin_), "--quiet"]
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise Failure(f"cosmoflow-subcubes failed (status {r.returncode}): {r.stderr.strip()}")
+
+
+def served_means(client, info, path):
+    """{group: mean prediction over the group's sub-cubes}, in the model's output order."""
+    import predict_dataset
+    csv = path + ".pred.csv"
+    predict_dataset.predict(client, info, path, csv)
+    names = [o["name"] for o in info["outputs"]]
+    pred = np.genfromtxt(csv, delimiter=",", names=True)
+    pred = np.stack([np.atleast_1d(pred["pred_" + n]) for n in names], axis=1)
+    with h5py.File(path, "r") as f:
+        groups = f["sample/group"][:]
+    return {int(g): pred[groups == g].mean(axis=0) for g in np.unique(groups)}
+
+
+def network_inputs(a, tmp, real_counts, index, side):
+    """The real cube's network input file and its group there: the corner side^3 (toy mode) is cut
+    by cosmoflow-subcubes too, and checked against the counts the other statistics saw."""
+    with h5py.File(a.real, "r") as f:
+        n = f["cubes"].shape[-1]
+    src, group = a.real, index
+    if side < n:
+        src, group = os.path.join(tmp, "real-corner.h5"), index * (n // side) ** 3
+        cut(a, a.real, src, side, 1)
+        with h5py.File(src, "r") as f:
+            if not np.array_equal(f["cubes"][group], real_counts):
+                raise Failure(f"cube {index}: the cut corner differs from the compared counts")
+    dst = os.path.join(tmp, f"real-{index}.h5")
+    cut(a, src, dst, a.sub_side or side, a.bin)
+    return dst, group
+
+
+def network_test(a, index, real_counts, params, side):
+    """The served network's reading of the real cube among its readings of the ensemble."""
+    import predict_dataset
+    tmp = os.path.join(a.out, "network")
+    os.makedirs(tmp, exist_ok=True)
+    client, info = predict_dataset.connect(a.address, 3600)
+    real_file, group = network_inputs(a, tmp, real_counts, index, side)
+    real = served_means(client, info, real_file)[group]
+    ens_file = os.path.join(tmp, f"ensemble-{index}.h5")
+    cut(a, os.path.join(a.out, f"ensemble-{index}.h5"), ens_file, a.sub_side or side, a.bin)
+    means = served_means(client, info, ens_file)
+    ens = np.stack([means[g] for g in sorted(means)[:a.members]])
+    names = [o["name"] for o in info["outputs"]]
+    truth = np.array([params.get(n, np.nan) for n in names])
+    chi = cs.ensemble_chi2(real, ens)
+    return {"model": info["version"], "names": names, "truth": truth.tolist(), "real": real.tolist(),
+            "ens_mean": ens.mean(axis=0).tolist(), "ens_std": ens.std(axis=0, ddof=1).tolist(),
+            "z": [cs.zscore(real[j], ens[:, j]) for j in range(len(names))],
+            "percentile": [cs.percentile(real[j], ens[:, j]) for j in range(len(names))],
+            "chi2": chi["chi2"], "dof": chi["dof"], "p": chi["p"], "members": len(ens)}
+
+
+def network_table(results):
+    rows = [r for r in results if r.get("network")]
+    if not rows:
+        return ""
+    lines = ["", f"The served network (`{rows[0]['network']['model']}`) on each real cube and on its ensemble:", "",
+             "| cube | output | truth | real cube | ensemble: mean +- sd | z (percentile) | ensemble mean - truth "
+             "| all outputs: chi2/dof, p |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        w = r["network"]
+        for j, n in enumerate(w["names"]):
+            joint = f"{w['chi2']:.1f}/{w['dof']}, {flag(w['p'])}" if j == 0 else ""
+            lines.append(f"| {r['index']} | {n} | {w['truth'][j]:.4g} | {w['real'][j]:.4g} "
+                         f"| {w['ens_mean'][j]:.4g} +- {w['ens_std'][j]:.2g} | {w['z'][j]:+.1f} ({w['percentile'][j]:.0f}%) "
+                         f"| {w['ens_mean'][j] - w['truth'][j]:+.2g} | {joint} |")
+    return "\n".join(lines) + "\n"
 
 
 def flag(p):
@@ -290,6 +414,8 @@ def run(a):
     results = []
     for index, counts, params, box in load_real(a.real, indices, a.side):
         side = counts.shape[-1]
+        if a.parent_side and (a.parent_side <= side or a.parent_side % side):
+            raise Failure(f"--parent-side {a.parent_side}: expected a multiple of the compared side {side}, larger")
         ens_counts, ens_box = ensemble(a, index, params, side)
         if abs(ens_box - box) > 1e-3 * box:
             raise Failure(f"cube {index}: ensemble box {ens_box} Mpc/h differs from the real {box}")
@@ -302,15 +428,21 @@ def run(a):
               flush=True)
         results.append({"index": index, "params": params, "box_mpc_h": box, "channels": rows,
                         "correlations": corr, "k": real["k"][0].tolist(), "members": a.members})
+        if a.address:
+            results[-1]["network"] = network_test(a, index, counts, params, side)
         plot(index, params, real, members, redshifts, os.path.join(a.out, f"real-{index}.png"))
     command = " ".join(shlex.quote(v) for v in sys.argv)
-    md = f"Command: `{command}`\n\n" + table(results)
+    md = f"Command: `{command}`\n\n" + table(results) + network_table(results)
     for name, text in (("real_cubes.md", md), ("real_cubes.json", json.dumps(
             {"command": command, "results": results}, indent=1))):
         with open(os.path.join(a.out, name + ".tmp"), "w") as f:
             f.write(text)
         os.replace(os.path.join(a.out, name + ".tmp"), os.path.join(a.out, name))
     write_csv(results, os.path.join(a.out, "real_cubes.csv"))
+    if a.address:
+        with open(os.path.join(a.out, "network.md.tmp"), "w") as f:
+            f.write(network_table(results).lstrip("\n"))
+        os.replace(os.path.join(a.out, "network.md.tmp"), os.path.join(a.out, "network.md"))
     sys.stdout.write(md)
 
 

@@ -18,6 +18,9 @@
 #   CUBE_SIDE=<the parents' side>: with SYNTH_ARGS="--side 256" and CUBE_SIDE=128 every universe is
 #   a 128^3 piece of a 256^3 parent, whose mean density differs from 1 as the real cubes' do; the
 #   N_* then count pieces (multiples of 8).
+#   NET_COMPARE_MEMBERS=16: the served network is also run on that many synthetic universes at each
+#   real cube's own parameters (tools/compare_real.py --address), placing each real cube's reading
+#   among them; 0 skips it (>= 7 otherwise).
 #   TRAIN_TWIN_ARGS=<synth flags>: every training universe is generated a second time with these
 #   flags added (the same seed, so the same cosmology and initial phases; e.g. "--pm-mesh 1", the
 #   other force resolution) and the network and the baseline train on both: 2 x N_TRAIN universes.
@@ -34,7 +37,7 @@ ROBUST_ARGS=${ROBUST_ARGS:---pm-mesh 2}; TRAIN_TWIN_ARGS=${TRAIN_TWIN_ARGS:-}; S
 SPEC=${SPEC:-$here/tools/specs/fullres32x4-log1p-fullcov.json}
 MEMBERS=${MEMBERS:-3}; EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}
 MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-2}; SEED=${SEED:-1}; SERVE_PRECISION=${SERVE_PRECISION:-fp32}
-BN_STATISTICS_BATCHES=${BN_STATISTICS_BATCHES:-0}
+BN_STATISTICS_BATCHES=${BN_STATISTICS_BATCHES:-0}; NET_COMPARE_MEMBERS=${NET_COMPARE_MEMBERS:-16}
 PRIOR=${PRIOR:-0.27,0.33;0.72,0.88;0.864,1.056;63,77}  # the preset's prior (synth/mlperf.h): p0 (1 +- 0.1)
 REAL_DIR=${REAL_DIR:-$here/../shared/data/mlperf-cosmoflow}
 TRAIN=${TRAIN:-1}
@@ -48,6 +51,8 @@ done
 [[ "$BN_STATISTICS_BATCHES" =~ ^[0-9]+$ ]] ||
   { echo "fullres_study.sh: BN_STATISTICS_BATCHES=$BN_STATISTICS_BATCHES: expected a non-negative integer" >&2; exit 2; }
 BN_STATISTICS_BATCHES=$((10#$BN_STATISTICS_BATCHES))
+[[ "$NET_COMPARE_MEMBERS" =~ ^[0-9]+$ ]] && { NET_COMPARE_MEMBERS=$((10#$NET_COMPARE_MEMBERS)); (( NET_COMPARE_MEMBERS == 0 || NET_COMPARE_MEMBERS >= 7 )); } ||
+  { echo "fullres_study.sh: NET_COMPARE_MEMBERS=$NET_COMPARE_MEMBERS: expected 0 (off) or at least 7" >&2; exit 2; }
 (( MEMBERS <= 99 )) || { echo "fullres_study.sh: MEMBERS=$MEMBERS: expected 1..99" >&2; exit 2; }
 (( N_TRAIN >= 5 && N_VAL >= 2 )) ||
   { echo "fullres_study.sh: N_TRAIN=$N_TRAIN N_VAL=$N_VAL: the baseline's 5-fold fit and the rho fit need >= 5 and >= 2" >&2; exit 2; }
@@ -105,7 +110,7 @@ est=(
   $(( 150 * (n_train_all + N_TEST + N_ROBUST) * vol_milli / 1000000 + 5 ))
   $(( MEMBERS * EPOCHS * (n_train_all * per_universe * sub_milli / 300000 + N_VAL * per_universe * sub_milli / 1000000) + 10 * MEMBERS ))
   $(( MEMBERS * (N_VAL + N_TEST + N_ROBUST) * per_universe * sub_milli / 400000 + 5 ))
-  $(( MEMBERS * 3 * 64 / 400 + 15 ))
+  $(( MEMBERS * 3 * 64 / 400 + 15 + 3 * NET_COMPARE_MEMBERS * (1000 * synth_factor + 1500) * vol_milli / 1000000 ))
   20)
 fmt() { printf '%dh%02dm%02ds' $(($1 / 3600)) $(($1 % 3600 / 60)) $(($1 % 60)); }
 t0=$(date +%s); k=0
@@ -227,6 +232,20 @@ for set in val robust; do
 done
 echo "   rho = $rho (fitted on the $N_VAL validation universes)"
 
+# The network on synthetic universes at each real cube's parameters (the generator's flags without
+# --side: whole periodic universes of the study's side), appended to the real cubes' report.
+network_compare() {
+  local synth_args pk_bins=$(( NET_COMPARE_MEMBERS - 4 < 10 ? NET_COMPARE_MEMBERS - 4 : 10 ))
+  synth_args=$(sed -E 's/--side[ =][0-9]+//g' <<< "$SYNTH_ARGS")
+  $py "$here/tools/compare_real.py" --real "$(ls "$out"/data/real/*.h5 | head -1)" --out "$out/compare-real" \
+    --members "$NET_COMPARE_MEMBERS" --seed $(( 1000 * SEED + 500 )) --synth "$build/synth/synth" \
+    --synth-args "$synth_args" --side "$side" --pk-bins "$pk_bins" --threads 2 --address "$addr" \
+    --sub-side "$SUB_SIDE" --bin "$BIN" --subcubes "$build/synth/cosmoflow-subcubes" > /dev/null
+  { printf '\n### The served network at each real cube'"'"'s own parameters (%d synthetic universes each)\n\n' \
+      "$NET_COMPARE_MEMBERS"; cat "$out/compare-real/network.md"
+    echo "All statistics: [compare-real/real_cubes.md](compare-real/real_cubes.md)."; } >> "$out/real_cubes.md"
+}
+
 # ---- 6. the real cubes: the served model's checksum goes into the report first.
 stage "the served model's checksum, then the real MLPerf cubes"
 $py "$here/tools/predict_dataset.py" --address "$addr" --info-json "$out/model_info.json"
@@ -254,6 +273,7 @@ if ls "$REAL_DIR"/*.tfrecord >/dev/null 2>&1; then
   $py "$here/tools/pk_baseline.py" --model "$out/pk_fit.npz" --test "$out/data/real" --out "$out/pk_real.csv"
   $py "$here/tools/fullres_report.py" real --universes "$out/universes_real.csv" --md "$out/real_cubes.md" \
     --json "$out/real_cubes.json" --baseline-pred "$out/pk_real.csv" --baseline-test "$out/pk_test.csv"
+  (( NET_COMPARE_MEMBERS > 0 )) && network_compare
 else
   msg="Real cubes skipped: no MLPerf TFRecords in $REAL_DIR."
   printf '\n%s\n' "$msg" >> "$out/real_cubes.md"

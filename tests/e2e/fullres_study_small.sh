@@ -32,6 +32,11 @@ set -e
 [ ! -e "$work/bad" ] || fail "BIN=8 created $work/bad"
 
 set +e
+err=$(NET_COMPARE_MEMBERS=3 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"NET_COMPARE_MEMBERS=3: expected 0 (off) or at least 7"* ]] || fail "NET_COMPARE_MEMBERS=3 exited $rc: $err"
+[ ! -e "$work/bad" ] || fail "NET_COMPARE_MEMBERS=3 created $work/bad"
+set +e
 err=$(SYNTH_ARGS="--side 256" CUBE_SIDE=96 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
 set -e
 [ "$rc" = 2 ] && [[ "$err" == *"CUBE_SIDE=96: expected a divisor of the parents' side 256"* ]] || fail "CUBE_SIDE=96 exited $rc: $err"
@@ -74,7 +79,7 @@ assert "also generated with `--pm-mesh 2`" in open(f"{out}/report.md").read()
 PY
 
 out=$work/run
-toy=(BUILD_DIR="$build" N_TRAIN=6 N_VAL=3 N_TEST=3 N_ROBUST=3 MEMBERS=2 EPOCHS=2 MSE_WARMUP_EPOCHS=1)
+toy=(BUILD_DIR="$build" N_TRAIN=6 N_VAL=3 N_TEST=3 N_ROBUST=3 MEMBERS=2 EPOCHS=2 MSE_WARMUP_EPOCHS=1 NET_COMPARE_MEMBERS=8)
 env "${toy[@]}" bash "$here/tools/fullres_study.sh" "$out" | tee "$work/stdout.txt"
 for s in 1 2 3 4 5 6 7; do
   grep -qE "^== \[[0-9]+h[0-9]{2}m[0-9]{2}s\] stage $s/7: .*estimate .*run ETA" "$work/stdout.txt" ||
@@ -179,6 +184,22 @@ if real:
             z2 += e["z"] ** 2
     assert len(b["cubes"]) == 3 and abs(b["chi2"] - z2) <= 1e-9 * z2, b
     assert any("The P(k) baseline" in l for l in report), "report.md: no baseline-on-real-cubes table"
+    # The served network on 8 synthetic universes at each real cube's parameters: its reading of the
+    # real cube is the study's own (the same cut, the same server), placed among theirs.
+    assert any("The served network at each real cube's own parameters (8 synthetic" in l for l in report), \
+        "report.md: no network-at-the-real-parameters table"
+    study_real = {int(x["group"]): x for x in csv.DictReader(open(f"{out}/universes_real.csv"))}
+    net = json.load(open(f"{out}/compare-real/real_cubes.json"))["results"]
+    assert [n["index"] for n in net] == [0, 1, 2], [n["index"] for n in net]
+    for n in net:
+        w = n["network"]
+        assert w["names"] == P and w["members"] == 8 and w["dof"] == 4 and 0 <= w["p"] <= 1, w
+        for j, p in enumerate(P):
+            ours = float(study_real[n["index"]]["pred_" + p])
+            assert abs(w["real"][j] - ours) <= 1e-5 * abs(ours), (p, w["real"][j], ours)
+            z = (w["real"][j] - w["ens_mean"][j]) / w["ens_std"][j]
+            assert w["ens_std"][j] > 0 and abs(finite(w["z"][j], "network z") - z) <= 1e-9 * max(1, abs(z)), w
+            assert abs(w["truth"][j] - float(study_real[n["index"]]["true_" + p])) <= 1e-5 * abs(w["truth"][j]), (p, w)
 else:
     assert any(l.startswith("Real cubes skipped") for l in report), "report.md: no skip line"
 PY

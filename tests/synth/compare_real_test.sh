@@ -32,6 +32,27 @@ for row in r["channels"]:
     assert 0 <= row["empty_percentile"] <= 100
 assert len(r["correlations"]["real"]) == 4
 PY
+# --parent-side: the members are 32^3 pieces of 64^3 parents (two parents for 12 members), each
+# with its own mean density, holding together all of their parents' particles.
+/usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/real/mlperf-00000000.h5" --out "$tmp/pieces" \
+  --synth "$bin/synth/synth" --subcubes "$bin/synth/cosmoflow-subcubes" --indices 1 --side 32 --parent-side 64 \
+  --members 12 --pk-bins 6 --threads 2 --synth-args "--pm-steps 4" >/dev/null
+/usr/bin/python3 - "$tmp/pieces" <<'PY'
+import json, sys
+import h5py
+import numpy as np
+out = sys.argv[1]
+r = json.load(open(f"{out}/real_cubes.json"))["results"][0]
+assert r["members"] == 12 and abs(r["box_mpc_h"] - 32 * 70.86983 / 70) < 1e-3, r["box_mpc_h"]
+with h5py.File(f"{out}/ensemble-1.h5") as f:
+    cubes, groups = f["cubes"][:], f["sample/group"][:]
+assert cubes.shape == (16, 4, 32, 32, 32) and list(groups) == [0] * 8 + [1] * 8, (cubes.shape, groups)
+means = cubes[:, 0].reshape(16, -1).mean(1)
+assert np.allclose(means.reshape(2, 8).mean(1), 1.0) and means.std() > 0.01, means
+PY
+/usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/real/mlperf-00000000.h5" --out "$tmp/pieces" \
+  --indices 1 --side 32 --parent-side 48 --members 12 --pk-bins 6 2>"$tmp/err" && exit 1
+grep -q "parent-side 48: expected a multiple of the compared side 32" "$tmp/err" || { cat "$tmp/err"; exit 1; }
 # A second run reuses the ensemble (same command) and a bad input fails with one line.
 /usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/nope.h5" --out "$tmp/cmp" 2>"$tmp/err" && exit 1
 [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "nope.h5: no such file" "$tmp/err" || { cat "$tmp/err"; exit 1; }
