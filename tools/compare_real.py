@@ -295,10 +295,32 @@ def network_test(a, index, real_counts, params, side):
     truth = np.array([params.get(n, np.nan) for n in names])
     chi = cs.ensemble_chi2(real, ens)
     return {"model": info["version"], "names": names, "truth": truth.tolist(), "real": real.tolist(),
+            "ens": ens.tolist(),
             "ens_mean": ens.mean(axis=0).tolist(), "ens_std": ens.std(axis=0, ddof=1).tolist(),
             "z": [cs.zscore(real[j], ens[:, j]) for j in range(len(names))],
             "percentile": [cs.percentile(real[j], ens[:, j]) for j in range(len(names))],
             "chi2": chi["chi2"], "dof": chi["dof"], "p": chi["p"], "members": len(ens)}
+
+
+def density_test(net, counts, ens_counts):
+    """Pieces differ in mean density, which the network may read as cosmology: each output's
+    readings of the members regressed on their mean count at the first redshift, and the real
+    cube's reading against that line at its own mean count, in units of the prediction error of
+    the regression (residual spread, and the line's own uncertainty there)."""
+    ens = np.asarray(net["ens"])
+    m = len(ens)
+    x = ens_counts[:m, 0].reshape(m, -1).mean(axis=1) - 1.0
+    x_real = float(counts[0].mean()) - 1.0
+    design = np.stack([np.ones(m), x], axis=1)
+    coef, *_ = np.linalg.lstsq(design, ens, rcond=None)
+    resid = ens - design @ coef
+    sd = np.sqrt((resid ** 2).sum(axis=0) / (m - 2))
+    sxx = float(((x - x.mean()) ** 2).sum())
+    se = sd * np.sqrt(1 + 1 / m + (x_real - x.mean()) ** 2 / sxx)
+    expected = coef[0] + coef[1] * x_real
+    return {"real_mean_count": x_real + 1, "slope": coef[1].tolist(), "expected": expected.tolist(),
+            "resid_std": sd.tolist(), "z": ((np.asarray(net["real"]) - expected) / se).tolist(),
+            "corr": [float(np.corrcoef(x, ens[:, j])[0, 1]) for j in range(ens.shape[1])]}
 
 
 def network_table(results):
@@ -315,6 +337,17 @@ def network_table(results):
             lines.append(f"| {r['index']} | {n} | {w['truth'][j]:.4g} | {w['real'][j]:.4g} "
                          f"| {w['ens_mean'][j]:.4g} +- {w['ens_std'][j]:.2g} | {w['z'][j]:+.1f} ({w['percentile'][j]:.0f}%) "
                          f"| {w['ens_mean'][j] - w['truth'][j]:+.2g} | {joint} |")
+    dens = [r for r in rows if r["network"].get("density")]
+    if dens:
+        lines += ["", "Given each cube's own mean count (the members' readings regressed on theirs at the first "
+                  "redshift; z against the line, in units of its prediction error):", "",
+                  "| cube | mean count | output | correlation with the mean count | slope per unit mean count "
+                  "| residual sd | expected at the real mean count | real cube | z |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in dens:
+            w, d = r["network"], r["network"]["density"]
+            for j, n in enumerate(w["names"]):
+                lines.append(f"| {r['index']} | {d['real_mean_count']:.3f} | {n} | {d['corr'][j]:+.2f} | {d['slope'][j]:+.3g} "
+                             f"| {d['resid_std'][j]:.2g} | {d['expected'][j]:.4g} | {w['real'][j]:.4g} | {d['z'][j]:+.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -430,6 +463,8 @@ def run(a):
                         "correlations": corr, "k": real["k"][0].tolist(), "members": a.members})
         if a.address:
             results[-1]["network"] = network_test(a, index, counts, params, side)
+            if a.parent_side:
+                results[-1]["network"]["density"] = density_test(results[-1]["network"], counts, ens_counts)
         plot(index, params, real, members, redshifts, os.path.join(a.out, f"real-{index}.png"))
     command = " ".join(shlex.quote(v) for v in sys.argv)
     md = f"Command: `{command}`\n\n" + table(results) + network_table(results)

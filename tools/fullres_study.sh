@@ -20,7 +20,8 @@
 #   N_* then count pieces (multiples of 8).
 #   NET_COMPARE_MEMBERS=16: the served network is also run on that many synthetic universes at each
 #   real cube's own parameters (tools/compare_real.py --address), placing each real cube's reading
-#   among them; 0 skips it (>= 7 otherwise).
+#   among them; 0 skips it (>= 7 otherwise). NET_COMPARE_PARENT_SIDE=256 makes them pieces of
+#   256^3 parents, each with its own mean density as the real cubes have (about 1.5x the time).
 #   TRAIN_TWIN_ARGS=<synth flags>: every training universe is generated a second time with these
 #   flags added (the same seed, so the same cosmology and initial phases; e.g. "--pm-mesh 1", the
 #   other force resolution) and the network and the baseline train on both: 2 x N_TRAIN universes.
@@ -38,6 +39,7 @@ SPEC=${SPEC:-$here/tools/specs/fullres32x4-log1p-fullcov.json}
 MEMBERS=${MEMBERS:-3}; EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:-fp32}
 MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-2}; SEED=${SEED:-1}; SERVE_PRECISION=${SERVE_PRECISION:-fp32}
 BN_STATISTICS_BATCHES=${BN_STATISTICS_BATCHES:-0}; NET_COMPARE_MEMBERS=${NET_COMPARE_MEMBERS:-16}
+NET_COMPARE_PARENT_SIDE=${NET_COMPARE_PARENT_SIDE:-0}
 PRIOR=${PRIOR:-0.27,0.33;0.72,0.88;0.864,1.056;63,77}  # the preset's prior (synth/mlperf.h): p0 (1 +- 0.1)
 REAL_DIR=${REAL_DIR:-$here/../shared/data/mlperf-cosmoflow}
 TRAIN=${TRAIN:-1}
@@ -53,6 +55,8 @@ done
 BN_STATISTICS_BATCHES=$((10#$BN_STATISTICS_BATCHES))
 [[ "$NET_COMPARE_MEMBERS" =~ ^[0-9]+$ ]] && { NET_COMPARE_MEMBERS=$((10#$NET_COMPARE_MEMBERS)); (( NET_COMPARE_MEMBERS == 0 || NET_COMPARE_MEMBERS >= 7 )); } ||
   { echo "fullres_study.sh: NET_COMPARE_MEMBERS=$NET_COMPARE_MEMBERS: expected 0 (off) or at least 7" >&2; exit 2; }
+[[ "$NET_COMPARE_PARENT_SIDE" =~ ^[0-9]+$ ]] ||
+  { echo "fullres_study.sh: NET_COMPARE_PARENT_SIDE=$NET_COMPARE_PARENT_SIDE: expected 0 (periodic) or a parent side" >&2; exit 2; }
 (( MEMBERS <= 99 )) || { echo "fullres_study.sh: MEMBERS=$MEMBERS: expected 1..99" >&2; exit 2; }
 (( N_TRAIN >= 5 && N_VAL >= 2 )) ||
   { echo "fullres_study.sh: N_TRAIN=$N_TRAIN N_VAL=$N_VAL: the baseline's 5-fold fit and the rho fit need >= 5 and >= 2" >&2; exit 2; }
@@ -240,9 +244,12 @@ network_compare() {
   $py "$here/tools/compare_real.py" --real "$(ls "$out"/data/real/*.h5 | head -1)" --out "$out/compare-real" \
     --members "$NET_COMPARE_MEMBERS" --seed $(( 1000 * SEED + 500 )) --synth "$build/synth/synth" \
     --synth-args "$synth_args" --side "$side" --pk-bins "$pk_bins" --threads 2 --address "$addr" \
-    --sub-side "$SUB_SIDE" --bin "$BIN" --subcubes "$build/synth/cosmoflow-subcubes" > /dev/null
-  { printf '\n### The served network at each real cube'"'"'s own parameters (%d synthetic universes each)\n\n' \
-      "$NET_COMPARE_MEMBERS"; cat "$out/compare-real/network.md"
+    --sub-side "$SUB_SIDE" --bin "$BIN" --subcubes "$build/synth/cosmoflow-subcubes" \
+    --parent-side "$NET_COMPARE_PARENT_SIDE" > /dev/null
+  local kind="synthetic universes"
+  if (( NET_COMPARE_PARENT_SIDE > 0 )); then kind="pieces of ${NET_COMPARE_PARENT_SIDE}^3 parents"; fi
+  { printf '\n### The served network at each real cube'"'"'s own parameters (%d %s each)\n\n' \
+      "$NET_COMPARE_MEMBERS" "$kind"; cat "$out/compare-real/network.md"
     echo "All statistics: [compare-real/real_cubes.md](compare-real/real_cubes.md)."; } >> "$out/real_cubes.md"
 }
 
@@ -273,7 +280,7 @@ if ls "$REAL_DIR"/*.tfrecord >/dev/null 2>&1; then
   $py "$here/tools/pk_baseline.py" --model "$out/pk_fit.npz" --test "$out/data/real" --out "$out/pk_real.csv"
   $py "$here/tools/fullres_report.py" real --universes "$out/universes_real.csv" --md "$out/real_cubes.md" \
     --json "$out/real_cubes.json" --baseline-pred "$out/pk_real.csv" --baseline-test "$out/pk_test.csv"
-  (( NET_COMPARE_MEMBERS > 0 )) && network_compare
+  if (( NET_COMPARE_MEMBERS > 0 )); then network_compare; fi
 else
   msg="Real cubes skipped: no MLPerf TFRecords in $REAL_DIR."
   printf '\n%s\n' "$msg" >> "$out/real_cubes.md"

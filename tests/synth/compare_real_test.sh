@@ -53,6 +53,32 @@ PY
 /usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/real/mlperf-00000000.h5" --out "$tmp/pieces" \
   --indices 1 --side 32 --parent-side 48 --members 12 --pk-bins 6 2>"$tmp/err" && exit 1
 grep -q "parent-side 48: expected a multiple of the compared side 32" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+# The network's readings against the pieces' mean count: a line with known slope plus residuals
+# orthogonal to it (so their spread is exact) gives back the slope, the spread, the value
+# expected at the real cube's mean count and its z-score.
+/usr/bin/python3 - "$src/tools" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import compare_real as cr
+rng = np.random.default_rng(3)
+m = 12
+means = 1 + 0.1 * rng.standard_normal(m)
+ens_counts = np.ones((m, 4, 2, 2, 2)) * means[:, None, None, None, None]
+x = means - 1
+basis = np.stack([np.ones(m), x], axis=1)
+r = rng.standard_normal(m)
+r -= basis @ np.linalg.lstsq(basis, r, rcond=None)[0]
+r *= 0.005 / np.sqrt((r ** 2).sum() / (m - 2))
+ens = np.stack([0.3 + 0.2 * x + r, 0.8 - 0.1 * x - r], axis=1)
+real_counts = np.full((4, 2, 2, 2), 1.05)
+se = 0.005 * np.sqrt(1 + 1 / m + (0.05 - x.mean()) ** 2 / ((x - x.mean()) ** 2).sum())
+net = {"ens": ens.tolist(), "real": [0.3 + 0.2 * 0.05 + 2 * se, 0.8 - 0.1 * 0.05]}
+d = cr.density_test(net, real_counts, ens_counts)
+assert np.allclose(d["slope"], [0.2, -0.1]) and np.allclose(d["resid_std"], 0.005), d
+assert np.allclose(d["expected"], [0.31, 0.795]) and np.allclose(d["z"], [2, 0], atol=1e-9), d
+assert abs(d["real_mean_count"] - 1.05) < 1e-12 and d["corr"][0] > 0 > d["corr"][1], d
+PY
 # A second run reuses the ensemble (same command) and a bad input fails with one line.
 /usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/nope.h5" --out "$tmp/cmp" 2>"$tmp/err" && exit 1
 [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "nope.h5: no such file" "$tmp/err" || { cat "$tmp/err"; exit 1; }
