@@ -37,7 +37,7 @@ cubes' non-periodic edges.
 
 With --address HOST:PORT (a running cosmoflow-server) the served network is one more statistic:
 the real cube and every ensemble member are cut as its training data were (cosmoflow-subcubes
---side --sub-side --bin --bin; the whole cube by default), predicted through the server and
+with --sub-side and --bin; the whole cube, unbinned, by default), predicted through the server and
 averaged per universe; per output the real cube's prediction is placed in the ensemble's
 predictions (z-score, percentile, and one chi-square over all outputs with the ensemble's
 covariance), and the ensemble's mean against the truth shows the network's own bias at those
@@ -145,8 +145,8 @@ def synth_command(a, params, side, out):
 
 
 def generate(a, params, side, path):
-    """The ensemble file: M periodic universes, or (--parent-side) the first M side^3 pieces of
-    enough parent universes, cut by cosmoflow-subcubes. Returns the commands (the cache stamp)."""
+    """Writes the ensemble file: M periodic universes, or (--parent-side) the pieces of enough
+    parent universes for M, cut by cosmoflow-subcubes (the parents' file is removed)."""
     if not a.parent_side:
         cmds = [synth_command(a, params, side, path)]
     else:
@@ -162,7 +162,6 @@ def generate(a, params, side, path):
             raise Failure(f"{os.path.basename(cmd[0])} failed (status {r.returncode}): {r.stderr.strip()}")
     if a.parent_side:
         os.remove(path + ".parents.h5")
-    return " ; ".join(" ".join(c) for c in cmds)
 
 
 def ensemble(a, index, params, side):

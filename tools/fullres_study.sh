@@ -130,8 +130,9 @@ stage() {  # the next stage: its name, elapsed time, its estimate and the run's 
 total=0; for e in "${est[@]}"; do total=$((total + e)); done
 twin_note=''; [ -n "$TRAIN_TWIN_ARGS" ] && twin_note=" (training twice: also with $TRAIN_TWIN_ARGS)"
 echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes$twin_note + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 (bin $BIN) -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
-# Disk: each universe once whole and once as sub-cubes (int16, 4 channels).
-need_mib=$(( (n_train_all + N_VAL + N_TEST + N_ROBUST) * 2 * 8 * side ** 3 / 1048576 ))
+# Disk: each universe once whole and once as sub-cubes (int16, 4 channels), and the comparison's
+# universes at the real cubes' parameters.
+need_mib=$(( ((n_train_all + N_VAL + N_TEST + N_ROBUST) * 2 + 3 * NET_COMPARE_MEMBERS) * 8 * side ** 3 / 1048576 ))
 free_mib=$(df -Pm "$out" | awk 'NR == 2 {print $4}')
 (( free_mib >= need_mib )) ||
   echo "fullres_study.sh: warning: the data need up to $need_mib MiB in $out, $free_mib MiB are free (data already there is reused)"
