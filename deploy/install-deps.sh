@@ -50,7 +50,7 @@ pkgs=(
   slurm-wlm munge prometheus
   # the multi-host tests: network namespaces (ip netns), tc bandwidth limits, nsenter/unshare
   iproute2 util-linux
-  python3-grpcio python3-grpc-tools python3-numpy python3-h5py python3-matplotlib python3-protobuf
+  python3-grpcio python3-grpc-tools python3-numpy python3-scipy python3-h5py python3-matplotlib python3-protobuf
   # cosmoflow-export (checkpoint checksum, ONNX graph and checker) and its tests (the PyTorch module)
   python3-crcmod python3-onnx python3-torch
   # the libFuzzer targets (fuzz/, -DCOSMOFLOW_FUZZ=ON): clang, its sanitizer runtimes, its OpenMP

@@ -21,9 +21,11 @@ two redshifts (1 on linear scales, falling on small ones), which depends on the 
 Omega_M and sigma_8. Without --cross the features, fit and output are those of the plain baseline.
 
 Usage: pk_baseline.py --train DIR_OR_H5 --test DIR_OR_H5 [DIR_OR_H5...] --out predictions.csv [CSV...]
-                      [--bins 12] [--cross] [--workers N] [--lambda X]
+                      [--bins 12] [--cross] [--taper F] [--workers N] [--lambda X]
        pk_baseline.py --model FIT.npz --test ... --out ...     (a fit saved with --save-model FIT.npz)
-Several test sets (one --out each) share one fit; a saved fit carries its --bins and --cross.
+Several test sets (one --out each) share one fit; a saved fit carries its --bins, --cross and --taper.
+--taper F windows every channel before its FFT (for cubes whose faces do not join: pieces of a
+larger box, like the real MLPerf cubes); 0, the default, is the plain periodic-box spectrum.
 Writes CSV rows: index, true_<param>..., pred_<param>...
 """
 import argparse
@@ -35,6 +37,9 @@ import sys
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cosmo_stats as cs  # noqa: E402
 
 
 def shards(path):
@@ -66,10 +71,13 @@ def binned(values, side, nbins):
     return np.bincount(which, weights=values.ravel()[good], minlength=nbins) / np.maximum(counts, 1)
 
 
-def channel_fft(n):
-    """delta = n / mean(n) - 1 of one channel, Fourier transformed (rfftn)."""
+def channel_fft(n, taper=0.0):
+    """delta = n / mean(n) - 1 of one channel, Fourier transformed (rfftn); with taper > 0 times a
+    3-D Tukey window over that fraction of each axis (cosmo_stats.windowed, power kept), so that a
+    cube whose faces do not join (a piece of a larger box) has no step at its edges."""
     n = n.astype(np.float64)
-    return np.fft.rfftn(n / n.mean() - 1.0)
+    delta = n / n.mean() - 1.0
+    return np.fft.rfftn(cs.windowed(delta, taper) if taper > 0 else delta)
 
 
 def channel_features(n, nbins, dk=None):
@@ -93,12 +101,12 @@ def cross_features(dks, side, nbins):
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def power_features(cube, nbins, cross=False):
+def power_features(cube, nbins, cross=False, taper=0.0):
     """The features of every channel (redshift), side by side: with several redshifts of the same
     initial field, differences of log P(k) between channels measure the growth of structure (which
     depends on Omega_M) nearly free of sample variance, and a linear model can form them. With
     cross, the cross-correlation coefficients of every pair of channels follow."""
-    dks = [channel_fft(c) for c in cube]
+    dks = [channel_fft(c, taper) for c in cube]
     feats = [channel_features(c, nbins, dk) for c, dk in zip(cube, dks)]
     if cross:
         feats.append(cross_features(dks, cube.shape[-1], nbins))
@@ -106,16 +114,16 @@ def power_features(cube, nbins, cross=False):
 
 
 def _shard_features(job):
-    f, nbins, cross = job
+    f, nbins, cross, taper = job
     with h5py.File(f, "r") as h:
         names = [s.decode() if isinstance(s, bytes) else s for s in h.attrs["param_names"]]
         cubes = h["cubes"]
-        feats = [power_features(cubes[i], nbins, cross) for i in range(cubes.shape[0])]
+        feats = [power_features(cubes[i], nbins, cross, taper) for i in range(cubes.shape[0])]
         return feats, h["params"][:], names
 
 
-def load(path, nbins, cross=False, workers=1):
-    jobs = [(f, nbins, cross) for f in shards(path)]
+def load(path, nbins, cross=False, workers=1, taper=0.0):
+    jobs = [(f, nbins, cross, taper) for f in shards(path)]
     if workers > 1 and len(jobs) > 1:
         with multiprocessing.Pool(min(workers, len(jobs))) as pool:
             parts = pool.map(_shard_features, jobs)
@@ -162,7 +170,7 @@ def design(x, mu, sd):
 
 def fit_model(args):
     """The ridge fit on --train: feature scaling, weights and each parameter's strength."""
-    xtr, ytr, names = load(args.train, args.bins, args.cross, args.workers)
+    xtr, ytr, names = load(args.train, args.bins, args.cross, args.workers, args.taper)
     mu, sd = xtr.mean(0), xtr.std(0) + 1e-12
     dtr = design(xtr, mu, sd)
     if args.lam is None:
@@ -170,7 +178,7 @@ def fit_model(args):
     else:
         w, lams = ridge_fit(dtr, ytr, args.lam), [args.lam] * ytr.shape[1]
     return dict(mu=mu, sd=sd, w=w, lams=list(lams), names=list(names), bins=args.bins,
-                cross=bool(args.cross), n_train=len(xtr))
+                cross=bool(args.cross), taper=float(args.taper), n_train=len(xtr))
 
 
 def save_model(path, fit):
@@ -185,7 +193,7 @@ def load_model(path):
             fit = {k: z[k] for k in z.files}
         return dict(mu=fit["mu"], sd=fit["sd"], w=fit["w"], lams=[float(v) for v in fit["lams"]],
                     names=[str(n) for n in fit["names"]], bins=int(fit["bins"]), cross=bool(fit["cross"]),
-                    n_train=int(fit["n_train"]))
+                    taper=float(fit["taper"]) if "taper" in fit else 0.0, n_train=int(fit["n_train"]))
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"pk_baseline.py: --model {path}: not a saved fit ({e})")
 
@@ -198,6 +206,8 @@ def main():
     ap.add_argument("--test", required=True, nargs="+")
     ap.add_argument("--out", required=True, nargs="+")
     ap.add_argument("--bins", type=int, default=12)
+    ap.add_argument("--taper", type=float, default=0.0,
+                    help="window each channel (Tukey, this fraction of each axis) before its FFT: for pieces")
     ap.add_argument("--cross", action="store_true",
                     help="add the cross-correlation coefficient r_ij(k) of every pair of channels")
     ap.add_argument("--workers", type=int, default=1, help="processes computing features (one shard each)")
@@ -206,6 +216,8 @@ def main():
     args = ap.parse_args()
     if len(args.test) != len(args.out):
         sys.exit(f"pk_baseline.py: {len(args.test)} --test sets but {len(args.out)} --out files")
+    if not 0 <= args.taper < 1:
+        sys.exit(f"pk_baseline.py: --taper {args.taper:g}: expected a fraction in [0, 1)")
     if args.lam is not None and not args.lam >= 0:
         sys.exit(f"pk_baseline.py: --lambda {args.lam:g}: expected a strength >= 0")
 
@@ -215,9 +227,9 @@ def main():
     if args.save_model:
         save_model(args.save_model, fit)
     mu, sd, w, lams, names = fit["mu"], fit["sd"], fit["w"], fit["lams"], fit["names"]
-    args.bins, args.cross = fit["bins"], fit["cross"]
+    args.bins, args.cross, args.taper = fit["bins"], fit["cross"], fit["taper"]
     for test, out_path in zip(args.test, args.out):
-        xte, yte, tnames = load(test, args.bins, args.cross, args.workers)
+        xte, yte, tnames = load(test, args.bins, args.cross, args.workers, args.taper)
         if tnames != names:
             sys.exit(f"pk_baseline.py: {test}: parameters {tnames}, the training set has {names}")
         pred = design(xte, mu, sd) @ w

@@ -157,6 +157,22 @@ def main():
     r = run("--test", f"{work}/test2.h5", "--out", "x.csv", ok=False)
     if r.returncode == 0 or "--model" not in r.stderr:
         fail(f"neither --train nor --model was not refused: {r.returncode} {r.stderr}")
+    # --taper: a window that keeps the power (white noise: the same log P(k) within 0.15 per bin),
+    # carried by a saved fit, and a fraction outside [0, 1) refused.
+    noise = rng.poisson(2.0, (32,) * 3)
+    flat, tapered = pk.channel_features(noise, 6), pk.channel_features(noise, 6, pk.channel_fft(noise, 0.2))
+    if not np.all(np.abs(flat[:6] - tapered[:6]) < 0.15) or np.allclose(flat[:6], tapered[:6]):
+        fail(f"tapered white-noise log P(k) {tapered[:6]} against {flat[:6]}: expected close, not equal")
+    run("--train", f"{work}/train.h5", "--test", f"{work}/test2.h5", "--out", f"{work}/taper.csv",
+        "--bins", str(BINS), "--cross", "--taper", "0.2", "--save-model", f"{work}/fit-taper.npz")
+    run("--model", f"{work}/fit-taper.npz", "--test", f"{work}/test2.h5", "--out", f"{work}/taper-model.csv")
+    if open(f"{work}/taper-model.csv").read() != open(f"{work}/taper.csv").read():
+        fail("a saved --taper fit predicts differently from the fit")
+    if open(f"{work}/taper.csv").read() == open(f"{work}/cross2-alone.csv").read():
+        fail("--taper 0.2 changed no prediction")
+    r = run("--train", f"{work}/train.h5", "--test", f"{work}/test.h5", "--out", "x.csv", "--taper", "1", ok=False)
+    if r.returncode == 0 or "--taper 1" not in r.stderr:
+        fail(f"--taper 1 was not refused: {r.returncode} {r.stderr}")
     plain, cross = rms_ratio(f"{work}/plain.csv"), rms_ratio(f"{work}/cross.csv")
     if not cross < 0.3:
         fail(f"with --cross the RMS is {cross:.3f} of the trivial predictor's, expected < 0.3")
