@@ -208,6 +208,11 @@ def summary(args):
     twin_note = (f" Each training universe is also generated with `{twin}` added (the same seed: the same cosmology "
                  f"and initial phases), and the network and the baseline train on both ({2 * study['n_train']} "
                  f"universes).") if twin else ""
+    pp = study.get("pieces_parent_side", 0)
+    if pp:
+        twin_note += (f" The validation universes are {side}^3 pieces of {pp}^3 parents (each with its own mean density, as "
+                      f"the real cubes have), and {study.get('n_train_pieces', 0)} such pieces join the training "
+                      f"universes; the baseline is fitted on the periodic ones only.")
     bn = study.get("bn_statistics_batches", 0)
     bn_note = f", batch_norm statistics recomputed from {bn} training batches at each epoch end" if bn else ""
     lines = ["# Full-resolution study", "",

@@ -22,6 +22,11 @@
 #   real cube's own parameters (tools/compare_real.py --address), placing each real cube's reading
 #   among them; 0 skips it (>= 7 otherwise). NET_COMPARE_PARENT_SIDE=256 makes them pieces of
 #   256^3 parents, each with its own mean density as the real cubes have (about 1.5x the time).
+#   PIECES_PARENT_SIDE=256 N_TRAIN_PIECES=128: the validation universes are 128^3 pieces of 256^3
+#   parents (each with its own mean density, as the real cubes have: the calibration then includes
+#   that spread) and N_TRAIN_PIECES such pieces join the N_TRAIN periodic training universes; the
+#   test and robustness sets and the P(k) baseline's fit stay periodic. Both counts are multiples of
+#   the pieces per parent.
 #   TRAIN_TWIN_ARGS=<synth flags>: every training universe is generated a second time with these
 #   flags added (the same seed, so the same cosmology and initial phases; e.g. "--pm-mesh 1", the
 #   other force resolution) and the network and the baseline train on both: 2 x N_TRAIN universes.
@@ -40,6 +45,7 @@ MEMBERS=${MEMBERS:-3}; EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.001};
 MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-2}; SEED=${SEED:-1}; SERVE_PRECISION=${SERVE_PRECISION:-fp32}
 BN_STATISTICS_BATCHES=${BN_STATISTICS_BATCHES:-0}; NET_COMPARE_MEMBERS=${NET_COMPARE_MEMBERS:-16}
 NET_COMPARE_PARENT_SIDE=${NET_COMPARE_PARENT_SIDE:-0}
+PIECES_PARENT_SIDE=${PIECES_PARENT_SIDE:-0}; N_TRAIN_PIECES=${N_TRAIN_PIECES:-0}
 PRIOR=${PRIOR:-0.27,0.33;0.72,0.88;0.864,1.056;63,77}  # the preset's prior (synth/mlperf.h): p0 (1 +- 0.1)
 REAL_DIR=${REAL_DIR:-$here/../shared/data/mlperf-cosmoflow}
 TRAIN=${TRAIN:-1}
@@ -57,6 +63,10 @@ BN_STATISTICS_BATCHES=$((10#$BN_STATISTICS_BATCHES))
   { echo "fullres_study.sh: NET_COMPARE_MEMBERS=$NET_COMPARE_MEMBERS: expected 0 (off) or at least 7" >&2; exit 2; }
 [[ "$NET_COMPARE_PARENT_SIDE" =~ ^[0-9]+$ ]] ||
   { echo "fullres_study.sh: NET_COMPARE_PARENT_SIDE=$NET_COMPARE_PARENT_SIDE: expected 0 (periodic) or a parent side" >&2; exit 2; }
+for v in PIECES_PARENT_SIDE N_TRAIN_PIECES; do
+  [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "fullres_study.sh: $v=${!v}: expected a non-negative integer" >&2; exit 2; }
+  printf -v "$v" '%d' "$((10#${!v}))"
+done
 (( MEMBERS <= 99 )) || { echo "fullres_study.sh: MEMBERS=$MEMBERS: expected 1..99" >&2; exit 2; }
 (( N_TRAIN >= 5 && N_VAL >= 2 )) ||
   { echo "fullres_study.sh: N_TRAIN=$N_TRAIN N_VAL=$N_VAL: the baseline's 5-fold fit and the rho fit need >= 5 and >= 2" >&2; exit 2; }
@@ -80,6 +90,22 @@ done
 (( side % BIN == 0 && side / BIN % SUB_SIDE == 0 )) ||
   { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE BIN=$BIN: BIN x SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
 per_universe=$(( (side / BIN / SUB_SIDE) ** 3 ))
+# Pieces of larger parents for validation and part of training (PIECES_PARENT_SIDE).
+val_set=val; pieces_set=''; per_parent=0
+if (( PIECES_PARENT_SIDE > 0 )); then
+  (( pieces == 1 )) && [ -z "$TRAIN_TWIN_ARGS" ] ||
+    { echo "fullres_study.sh: PIECES_PARENT_SIDE goes with periodic universes only, not with CUBE_SIDE or TRAIN_TWIN_ARGS" >&2; exit 2; }
+  (( PIECES_PARENT_SIDE > side && PIECES_PARENT_SIDE % side == 0 )) ||
+    { echo "fullres_study.sh: PIECES_PARENT_SIDE=$PIECES_PARENT_SIDE: expected a multiple of the cube side $side above it" >&2; exit 2; }
+  per_parent=$(( (PIECES_PARENT_SIDE / side) ** 3 ))
+  for v in N_VAL N_TRAIN_PIECES; do
+    (( ${!v} % per_parent == 0 )) ||
+      { echo "fullres_study.sh: $v=${!v}: expected a multiple of $per_parent (${side}^3 pieces per ${PIECES_PARENT_SIDE}^3 parent)" >&2; exit 2; }
+  done
+  val_set=val-p$PIECES_PARENT_SIDE; pieces_set=train-p$PIECES_PARENT_SIDE
+elif (( N_TRAIN_PIECES > 0 )); then
+  echo "fullres_study.sh: N_TRAIN_PIECES=$N_TRAIN_PIECES needs PIECES_PARENT_SIDE" >&2; exit 2
+fi
 # Sub-cube sets are named by their cutting (e.g. test-sub32, test-sub32-bin2): data reused from a
 # run with other SUB_SIDE or BIN are never taken for this one's.
 sub=sub$SUB_SIDE; (( BIN > 1 )) && sub+=-bin$BIN
@@ -105,6 +131,10 @@ if [ -n "$TRAIN_TWIN_ARGS" ]; then
   train_set=train+twin; n_train_all=$((2 * N_TRAIN))
   twin_synth=$(( 1000 * N_TRAIN )); pm2 "$SYNTH_ARGS $TRAIN_TWIN_ARGS" && twin_synth=$(( 4000 * N_TRAIN ))
 fi
+if (( PIECES_PARENT_SIDE > 0 )); then  # a piece costs about 1.5 periodic universes of its side
+  train_set=train+p$PIECES_PARENT_SIDE; n_train_all=$((N_TRAIN + N_TRAIN_PIECES))
+  twin_synth=$(( synth_factor * (1500 * N_TRAIN_PIECES + 500 * N_VAL) ))
+fi
 sub_total=$(( (n_train_all + N_VAL + N_TEST + N_ROBUST) * per_universe ))
 sub_milli=$(( 1000 * SUB_SIDE ** 3 / 32 ** 3 ))  # the rates below are for 32^3 sub-cubes
 names=(data subcubes baseline training serving real report)
@@ -129,6 +159,7 @@ stage() {  # the next stage: its name, elapsed time, its estimate and the run's 
 }
 total=0; for e in "${est[@]}"; do total=$((total + e)); done
 twin_note=''; [ -n "$TRAIN_TWIN_ARGS" ] && twin_note=" (training twice: also with $TRAIN_TWIN_ARGS)"
+(( PIECES_PARENT_SIDE > 0 )) && twin_note=" + $N_TRAIN_PIECES train pieces of ${PIECES_PARENT_SIDE}^3 parents, validation on such pieces"
 echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes$twin_note + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 (bin $BIN) -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
 # Disk: each universe once whole and once as sub-cubes (int16, 4 channels), and the comparison's
 # universes at the real cubes' parameters.
@@ -139,10 +170,12 @@ free_mib=$(df -Pm "$out" | awk 'NR == 2 {print $4}')
 
 # ---- 1. universes: the MLPerf preset; the robustness set the same prior with another evolution.
 stage "synth --preset mlperf: $N_TRAIN train$twin_note, $N_VAL val, $N_TEST test, $N_ROBUST robustness ($ROBUST_ARGS)"
-gen() {  # set seed count extra-args...: into a temporary directory, renamed when complete
-  local set=$1 seed=$2 n=$3; shift 3
+gen() {  # set seed count extra-args...: into a temporary directory, renamed when complete; with
+         # gen_parent set, the universes are pieces of gen_parent^3 parents
+  local set=$1 seed=$2 n=$3 pieces=$pieces; shift 3
   [ -d "$out/data/$set" ] && return
   rm -rf "$out/data/$set.tmp" "$out/data/$set.parents.tmp"
+  if [ -n "${gen_parent:-}" ]; then set -- "$@" --side "$gen_parent"; pieces=$(( (gen_parent / side) ** 3 )); fi
   if (( pieces == 1 )); then
     # shellcheck disable=SC2086
     "$build/synth/synth" --preset mlperf --out "$out/data/$set.tmp" --samples "$n" --seed "$seed" --quiet $SYNTH_ARGS "$@" >/dev/null
@@ -156,7 +189,20 @@ gen() {  # set seed count extra-args...: into a temporary directory, renamed whe
   mv "$out/data/$set.tmp" "$out/data/$set"
   echo "   $set: $n universes after $(fmt $(( $(date +%s) - t0 )))"
 }
-gen train 21 "$N_TRAIN"; gen val 22 "$N_VAL"; gen test 23 "$N_TEST"
+gen train 21 "$N_TRAIN"; gen test 23 "$N_TEST"
+if (( PIECES_PARENT_SIDE > 0 )); then
+  gen_parent=$PIECES_PARENT_SIDE gen "$val_set" 22 "$N_VAL"
+  (( N_TRAIN_PIECES == 0 )) || gen_parent=$PIECES_PARENT_SIDE gen "$pieces_set" 25 "$N_TRAIN_PIECES"
+  if [ ! -d "$out/data/$train_set" ]; then  # both sets' files, linked under distinct names
+    rm -rf "$out/data/$train_set.tmp"; mkdir "$out/data/$train_set.tmp"
+    for f in "$out"/data/train/*.h5; do ln -s "../train/${f##*/}" "$out/data/$train_set.tmp/a-${f##*/}"; done
+    (( N_TRAIN_PIECES == 0 )) || for f in "$out/data/$pieces_set"/*.h5; do
+      ln -s "../$pieces_set/${f##*/}" "$out/data/$train_set.tmp/b-${f##*/}"; done
+    mv "$out/data/$train_set.tmp" "$out/data/$train_set"
+  fi
+else
+  gen val 22 "$N_VAL"
+fi
 if [ -n "$TRAIN_TWIN_ARGS" ]; then
   # shellcheck disable=SC2086
   gen train-twin 21 "$N_TRAIN" $TRAIN_TWIN_ARGS
@@ -172,7 +218,7 @@ gen robust 24 "$N_ROBUST" $ROBUST_ARGS
 
 # ---- 2. sub-cubes: all four channels, the parents' labels, a group id per universe.
 stage "cosmoflow-subcubes into ${SUB_SIDE}^3 (voxels summed in ${BIN}^3 blocks)"
-for set in "$train_set" val test robust; do
+for set in "$train_set" "$val_set" test robust; do
   [ -d "$out/data/$set-$sub" ] && continue
   rm -rf "$out/data/$set-$sub.tmp"
   "$build/synth/cosmoflow-subcubes" --in "$out/data/$set" --out "$out/data/$set-$sub.tmp" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
@@ -181,7 +227,8 @@ done
 
 # ---- 3. the P(k) baseline on the full cubes: per-redshift spectra and their cross-spectra.
 stage "P(k) baseline (ridge on per-redshift P(k) and cross-spectra of the full ${side}^3 cubes)"
-$py "$here/tools/pk_baseline.py" --train "$out/data/$train_set" --test "$out/data/test" "$out/data/robust" \
+pk_train=$train_set; (( PIECES_PARENT_SIDE > 0 )) && pk_train=train  # its spectra assume periodic boxes
+$py "$here/tools/pk_baseline.py" --train "$out/data/$pk_train" --test "$out/data/test" "$out/data/robust" \
   --out "$out/pk_test.csv" "$out/pk_robust.csv" --cross --workers 2 --save-model "$out/pk_fit.npz"
 
 # ---- 4. training: 2 MPI ranks, the uncertainty study's flags.
@@ -197,6 +244,7 @@ else
   # An interrupted run with the same settings resumes (the trainer continues each member from its
   # latest checkpoint and skips finished ones); any other run directory is replaced.
   settings="$(sha256sum < "$SPEC" | cut -c1-16) $N_TRAIN $N_VAL $side $SUB_SIDE $BIN $SYNTH_ARGS $MEMBERS $EPOCHS $BATCH $LR $PRECISION $MSE_WARMUP_EPOCHS $SEED $TRAIN_TWIN_ARGS"
+  (( PIECES_PARENT_SIDE == 0 )) || settings+=" pieces $PIECES_PARENT_SIDE $N_TRAIN_PIECES"
   (( BN_STATISTICS_BATCHES == 0 )) || settings+=" bn-statistics $BN_STATISTICS_BATCHES"
   if [ "$(cat "$out/run/fullres-settings" 2>/dev/null)" = "$settings" ]; then
     echo "   resuming the run in $out/run (same settings)"
@@ -205,9 +253,9 @@ else
   fi
   # A sample that is a whole generated universe is a periodic box: periodic shifts are symmetries
   # of its statistics, so they augment it too (never a cut piece or sub-cube, whose faces do not join).
-  shift=(); (( pieces == 1 && per_universe == 1 && BIN * SUB_SIDE == side )) && shift=(--augment-shift)
+  shift=(); (( pieces == 1 && N_TRAIN_PIECES == 0 && per_universe == 1 && BIN * SUB_SIDE == side )) && shift=(--augment-shift)
   OMP_NUM_THREADS=1 mpirun "${root[@]}" -np 2 --bind-to none "$build/trainer/cosmoflow-train" \
-    --spec "$SPEC" --train "$out/data/$train_set-$sub" --val "$out/data/val-$sub" --out "$out/run" --epochs "$EPOCHS" \
+    --spec "$SPEC" --train "$out/data/$train_set-$sub" --val "$out/data/$val_set-$sub" --out "$out/run" --epochs "$EPOCHS" \
     --batch "$BATCH" --recipe sc18 --lr "$LR" --precision "$PRECISION" --augment "${shift[@]}" --log-every 256 \
     --seed "$SEED" --members "$MEMBERS" --mse-warmup-epochs "$MSE_WARMUP_EPOCHS" --mean-gradient mse \
     --covariance-gradient head --calibration power --bn-statistics-batches "$BN_STATISTICS_BATCHES"
@@ -224,15 +272,17 @@ for _ in $(seq 1 300); do [ -s "$out/grpc.port" ] && break; sleep 0.2; done
 [ -s "$out/grpc.port" ] || { echo "fullres_study.sh: the server never listened: $(tail -3 "$out/server.log")" >&2; exit 1; }
 addr=127.0.0.1:$(cat "$out/grpc.port")
 for set in val test robust; do
-  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/$set-$sub" --out "$out/pred_$set.csv"
+  data=$set; [ "$set" = val ] && data=$val_set
+  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/$data-$sub" --out "$out/pred_$set.csv"
 done
 # rho (the correlation between one universe's sub-cube errors) is fitted on the validation
 # universes only; the test, robustness and real cubes use that value.
 $py "$here/tools/average_subcubes.py" --pred "$out/pred_test.csv" --data "$out/data/test-$sub" \
-  --out "$out/universes_test.csv" --combine "fit:$out/pred_val.csv,$out/data/val-$sub"
+  --out "$out/universes_test.csv" --combine "fit:$out/pred_val.csv,$out/data/$val_set-$sub"
 rho=$($py -c "import csv,sys; print(next(csv.DictReader(open(sys.argv[1])))['combine'].split('rho=')[1])" "$out/universes_test.csv")
 for set in val robust; do
-  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/$set-$sub" \
+  data=$set; [ "$set" = val ] && data=$val_set
+  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/$data-$sub" \
     --out "$out/universes_$set.csv" --combine "rho:$rho"
 done
 echo "   rho = $rho (fitted on the $N_VAL validation universes)"
@@ -303,7 +353,7 @@ done
 $py - "$out/study.json" <<PY
 import json, sys
 json.dump({"n_train": $N_TRAIN, "n_val": $N_VAL, "n_test": $N_TEST, "n_robust": $N_ROBUST,
-           "robust_args": "$ROBUST_ARGS", "train_twin_args": "$TRAIN_TWIN_ARGS", "synth_args": "$SYNTH_ARGS", "side": $side, "parent_side": $parent_side, "sub_side": $SUB_SIDE, "bin": $BIN,
+           "robust_args": "$ROBUST_ARGS", "train_twin_args": "$TRAIN_TWIN_ARGS", "pieces_parent_side": $PIECES_PARENT_SIDE, "n_train_pieces": $N_TRAIN_PIECES, "synth_args": "$SYNTH_ARGS", "side": $side, "parent_side": $parent_side, "sub_side": $SUB_SIDE, "bin": $BIN,
            "subcubes_per_universe": $per_universe, "spec": "$(basename "$SPEC")", "members": $MEMBERS,
            "epochs": $EPOCHS, "batch": $BATCH, "lr": $LR, "precision": "$PRECISION",
            "serve_precision": "$SERVE_PRECISION", "mse_warmup_epochs": $MSE_WARMUP_EPOCHS, "seed": $SEED, "bn_statistics_batches": $BN_STATISTICS_BATCHES,
