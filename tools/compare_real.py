@@ -261,43 +261,54 @@ def served_means(client, info, path):
     return {int(g): pred[groups == g].mean(axis=0) for g in np.unique(groups)}
 
 
-def network_inputs(a, tmp, real_counts, index, side):
-    """The real cube's network input file and its group there: the corner side^3 (toy mode) is cut
-    by cosmoflow-subcubes too, and checked against the counts the other statistics saw."""
-    with h5py.File(a.real, "r") as f:
-        n = f["cubes"].shape[-1]
-    src, group = a.real, index
-    if side < n:
-        src, group = os.path.join(tmp, "real-corner.h5"), index * (n // side) ** 3
-        cut(a, a.real, src, side, 1)
-        with h5py.File(src, "r") as f:
-            if not np.array_equal(f["cubes"][group], real_counts):
-                raise Failure(f"cube {index}: the cut corner differs from the compared counts")
-    dst = os.path.join(tmp, f"real-{index}.h5")
-    cut(a, src, dst, a.sub_side or side, a.bin)
-    return dst, group
+class ServedNetwork:
+    """The served model, connected once per run: the real shard is cut by cosmoflow-subcubes as the
+    training data were (its side^3 corners first in toy mode) and read once; ensembles one by one."""
+
+    def __init__(self, a, side):
+        import predict_dataset
+        self.a, self.side = a, side
+        self.tmp = os.path.join(a.out, "network")
+        os.makedirs(self.tmp, exist_ok=True)
+        self.client, self.info = predict_dataset.connect(a.address, 3600)
+        self.names = [o["name"] for o in self.info["outputs"]]
+        with h5py.File(a.real, "r") as f:
+            n = f["cubes"].shape[-1]
+        self.corners, self.stride = a.real, 1
+        if side < n:
+            self.corners, self.stride = os.path.join(self.tmp, "real-corner.h5"), (n // side) ** 3
+            cut(a, a.real, self.corners, side, 1)
+        real_file = os.path.join(self.tmp, "real.h5")
+        cut(a, self.corners, real_file, a.sub_side or side, a.bin)
+        self.real = served_means(self.client, self.info, real_file)
+
+    def reading(self, index, counts):
+        """The network's reading of real cube `index`, whose compared counts are `counts`."""
+        group = index * self.stride
+        if self.stride > 1:
+            with h5py.File(self.corners, "r") as f:
+                if not np.array_equal(f["cubes"][group], counts):
+                    raise Failure(f"cube {index}: the cut corner differs from the compared counts")
+        return self.real[group]
+
+    def ensemble(self, index):
+        """The network's readings of the first `members` universes of ensemble `index`."""
+        ens_file = os.path.join(self.tmp, f"ensemble-{index}.h5")
+        cut(self.a, os.path.join(self.a.out, f"ensemble-{index}.h5"), ens_file, self.a.sub_side or self.side, self.a.bin)
+        means = served_means(self.client, self.info, ens_file)
+        return np.stack([means[g] for g in sorted(means)[:self.a.members]])
 
 
-def network_test(a, index, real_counts, params, side):
+def network_test(net, index, real_counts, params):
     """The served network's reading of the real cube among its readings of the ensemble."""
-    import predict_dataset
-    tmp = os.path.join(a.out, "network")
-    os.makedirs(tmp, exist_ok=True)
-    client, info = predict_dataset.connect(a.address, 3600)
-    real_file, group = network_inputs(a, tmp, real_counts, index, side)
-    real = served_means(client, info, real_file)[group]
-    ens_file = os.path.join(tmp, f"ensemble-{index}.h5")
-    cut(a, os.path.join(a.out, f"ensemble-{index}.h5"), ens_file, a.sub_side or side, a.bin)
-    means = served_means(client, info, ens_file)
-    ens = np.stack([means[g] for g in sorted(means)[:a.members]])
-    names = [o["name"] for o in info["outputs"]]
-    truth = np.array([params.get(n, np.nan) for n in names])
+    real, ens = net.reading(index, real_counts), net.ensemble(index)
+    truth = np.array([params.get(n, np.nan) for n in net.names])
     chi = cs.ensemble_chi2(real, ens)
-    return {"model": info["version"], "names": names, "truth": truth.tolist(), "real": real.tolist(),
+    return {"model": net.info["version"], "names": net.names, "truth": truth.tolist(), "real": real.tolist(),
             "ens": ens.tolist(),
             "ens_mean": ens.mean(axis=0).tolist(), "ens_std": ens.std(axis=0, ddof=1).tolist(),
-            "z": [cs.zscore(real[j], ens[:, j]) for j in range(len(names))],
-            "percentile": [cs.percentile(real[j], ens[:, j]) for j in range(len(names))],
+            "z": [cs.zscore(real[j], ens[:, j]) for j in range(len(net.names))],
+            "percentile": [cs.percentile(real[j], ens[:, j]) for j in range(len(net.names))],
             "chi2": chi["chi2"], "dof": chi["dof"], "p": chi["p"], "members": len(ens)}
 
 
@@ -443,7 +454,7 @@ def run(a):
         raise Failure(f"{a.real}: no such file")
     with h5py.File(a.real, "r") as f:
         redshifts = [float(z) for z in f.attrs["redshifts"]]
-    results = []
+    results, net = [], None
     for index, counts, params, box in load_real(a.real, indices, a.side):
         side = counts.shape[-1]
         if a.parent_side and (a.parent_side <= side or a.parent_side % side):
@@ -461,7 +472,8 @@ def run(a):
         results.append({"index": index, "params": params, "box_mpc_h": box, "channels": rows,
                         "correlations": corr, "k": real["k"][0].tolist(), "members": a.members})
         if a.address:
-            results[-1]["network"] = network_test(a, index, counts, params, side)
+            net = net or ServedNetwork(a, side)
+            results[-1]["network"] = network_test(net, index, counts, params)
             if a.parent_side:
                 results[-1]["network"]["density"] = density_test(results[-1]["network"], counts, ens_counts)
         plot(index, params, real, members, redshifts, os.path.join(a.out, f"real-{index}.png"))

@@ -227,9 +227,9 @@ def main():
     if args.save_model:
         save_model(args.save_model, fit)
     mu, sd, w, lams, names = fit["mu"], fit["sd"], fit["w"], fit["lams"], fit["names"]
-    args.bins, args.cross, args.taper = fit["bins"], fit["cross"], fit["taper"]
+    # The test spectra are measured as the fit's were, whatever the command line says.
     for test, out_path in zip(args.test, args.out):
-        xte, yte, tnames = load(test, args.bins, args.cross, args.workers, args.taper)
+        xte, yte, tnames = load(test, fit["bins"], fit["cross"], args.workers, fit["taper"])
         if tnames != names:
             sys.exit(f"pk_baseline.py: {test}: parameters {tnames}, the training set has {names}")
         pred = design(xte, mu, sd) @ w
@@ -238,8 +238,8 @@ def main():
                       ",".join(f"pred_{n}" for n in names) + "\n")
             for i, (t, p) in enumerate(zip(yte, pred)):
                 out.write(f"{i}," + ",".join(f"{v:.6g}" for v in t) + "," + ",".join(f"{v:.6g}" for v in p) + "\n")
-        print(f"pk_baseline.py: {fit['n_train']} train / {len(xte)} test cubes, {args.bins} k bins"
-              f"{', cross-spectra' if args.cross else ''}, {len(mu)} features, ridge lambda "
+        print(f"pk_baseline.py: {fit['n_train']} train / {len(xte)} test cubes, {fit['bins']} k bins"
+              f"{', cross-spectra' if fit['cross'] else ''}, {len(mu)} features, ridge lambda "
               f"{', '.join(f'{n} {lam:g}' for n, lam in zip(names, lams))}"
               f" -> {out_path}", file=sys.stderr)
 
