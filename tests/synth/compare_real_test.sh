@@ -82,4 +82,38 @@ PY
 # A second run reuses the ensemble (same command) and a bad input fails with one line.
 /usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/nope.h5" --out "$tmp/cmp" 2>"$tmp/err" && exit 1
 [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "nope.h5: no such file" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+# --address in toy mode: the served network's reading of the real cube is that of its 32^3 corner
+# (cut by cosmoflow-subcubes inside compare_real), equal to the client's prediction of the same
+# corner sliced from the imported counts; the members are read through the same server.
+"$bin/synth/synth" --preset mlperf --side 32 --samples 8 --seed 5 --out "$tmp/train" --quiet >/dev/null
+OMP_NUM_THREADS=1 "$bin/trainer/cosmoflow-train" --spec "$src/tools/specs/fullres32x4-log1p-fullcov.json" \
+  --train "$tmp/train" --val "$tmp/train" --out "$tmp/run" --epochs 1 --batch 4 >"$tmp/train.log" 2>&1 ||
+  { cat "$tmp/train.log"; exit 1; }
+"$bin/server/cosmoflow-server" --checkpoint "$tmp/run/checkpoints" --address 127.0.0.1:0 --metrics-address "" \
+  --port-file "$tmp/port" >"$tmp/server.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; rm -rf "$tmp"' EXIT
+i=0
+while [ ! -s "$tmp/port" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+[ -s "$tmp/port" ] || { echo "compare_real_test: the server never listened"; cat "$tmp/server.log"; exit 1; }
+addr=127.0.0.1:$(cat "$tmp/port")
+/usr/bin/python3 "$src/tools/compare_real.py" --real "$tmp/real/mlperf-00000000.h5" --out "$tmp/net" \
+  --synth "$bin/synth/synth" --subcubes "$bin/synth/cosmoflow-subcubes" --indices 1 --side 32 --members 7 \
+  --pk-bins 3 --threads 2 --synth-args "--pm-steps 4" --address "$addr" --sub-side 32 --bin 1 >/dev/null
+/usr/bin/python3 - "$src" "$tmp" "$addr" <<'PY'
+import json, sys
+import h5py
+import numpy as np
+src, tmp, addr = sys.argv[1:]
+sys.path.insert(0, f"{src}/client/python")
+from cosmoflow_client import CosmoFlowClient
+w = json.load(open(f"{tmp}/net/real_cubes.json"))["results"][0]["network"]
+with h5py.File(f"{tmp}/real/mlperf-00000000.h5") as f:
+    corner = f["cubes"][1][:, :32, :32, :32]
+ref = CosmoFlowClient(addr).predict(corner)["parameters"]
+assert w["members"] == 7 and len(w["ens"]) == 7 and w["names"][:2] == ["Omega_M", "sigma_8"], w
+for j, name in enumerate(w["names"]):
+    assert abs(w["real"][j] - ref[name]) <= 1e-5 * abs(ref[name]), (name, w["real"][j], ref[name])
+assert abs(w["truth"][0] - 0.2892) < 1e-3, w["truth"]
+PY
 echo "compare_real_test: ok"
