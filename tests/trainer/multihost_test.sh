@@ -238,9 +238,15 @@ limit=$(grep -oE "watchdog: no progress for [0-9.]+ s" "$out" | head -1 | awk '{
 awk -v t="$t_watchdog" -v l="${limit:-0}" 'BEGIN {exit !(l >= 8 && t >= l - 1 && t < l + 7)}' \
   || fail "watchdog fired after $t_watchdog s (its stated timeout: ${limit:-none} s, --watchdog-timeout-s 8)"
 awk -v t="$t_exit" 'BEGIN {exit !(t < 60)}' || fail "the batch script saw the exit only after $t_exit s"
-state=$(wait_state "$jid" "FAILED|COMPLETED|CANCELLED|NODE_FAIL" 90) || fail "job $jid still $state"
-[ "$state" = FAILED ] || { [[ "$state" =~ CANCELLED|NODE_FAIL ]] && grep -q "DUE TO NODE FAILURE" "$out"; } \
-  || fail "job $jid ended $state (expected FAILED with 76, or cancelled for cfn2's node failure; not requeued)"
+# When Slurm declares cfn2 failed first, it requeues the batch job itself (as in e); that job waits
+# for cfn2 and is cancelled here, so that it does not restart once the cable is back.
+state=$(wait_state "$jid" "FAILED|COMPLETED|CANCELLED|NODE_FAIL|PENDING|REQUEUED|REQUEUE_HOLD" 90) || fail "job $jid still $state"
+[ "$state" = FAILED ] || { [[ "$state" =~ CANCELLED|NODE_FAIL|PENDING|REQUEUE ]] && grep -q "DUE TO NODE FAILURE" "$out"; } \
+  || fail "job $jid ended $state (expected FAILED with 76, or ended by Slurm for cfn2's node failure)"
+if [[ "$state" =~ PENDING|REQUEUE ]]; then
+  sl scancel "$jid" || fail "scancel of the requeued job $jid"
+  wait_state "$jid" "CANCELLED" 30 >/dev/null || fail "requeued job $jid not cancelled"
+fi
 restore_host2
 echo "ok d - cable of cfn2 cut at step >= 8: rank 0's watchdog (timeout $limit s) fired after $t_watchdog s naming rank 1 (cfn2) unreachable, exit 76 seen after $t_exit s, job $jid $state"
 
