@@ -13,9 +13,9 @@
         the same cubes get the same test, with sigma = the baseline's RMS error on the test set.
 
     fullres_report.py summary --dir OUT
-        Writes OUT/report.md and OUT/report.json from OUT/study.json (settings), OUT/test/ and
-        OUT/robust/accuracy.json (tools/accuracy_report.py on the held-out and the robustness
-        universes), OUT/model_info.json and OUT/real_cubes.{md,json} (or OUT/real_cubes.md's skip
+        Writes OUT/report.md and OUT/report.json from OUT/study.json (settings), OUT/test/,
+        OUT/test-pieces/ (when the study has test pieces) and OUT/robust/accuracy.json
+        (tools/accuracy_report.py on the held-out and the robustness universes), OUT/model_info.json and OUT/real_cubes.{md,json} (or OUT/real_cubes.md's skip
         line): RMS of network, P(k) baseline and trivial predictor per parameter, the baseline /
         network RMS ratio against the target 1.5 for Omega_M and sigma_8, the MLPerf metric (MAE
         on unit-range labels over all four parameters, target 0.124), the calibration summary
@@ -213,6 +213,9 @@ def summary(args):
         twin_note += (f" The validation universes are {side}^3 pieces of {pp}^3 parents (each with its own mean density, as "
                       f"the real cubes have), and {study.get('n_train_pieces', 0)} such pieces join the training "
                       f"universes; the baseline is fitted on the periodic ones only.")
+        if study.get("n_test_pieces", 0):
+            twin_note += (f" A second test set holds {study['n_test_pieces']} such pieces of other parents, the kind of "
+                          f"universe the served sigma is calibrated for.")
     bn = study.get("bn_statistics_batches", 0)
     bn_note = f", batch_norm statistics recomputed from {bn} training batches at each epoch end" if bn else ""
     lines = ["# Full-resolution study", "",
@@ -226,8 +229,12 @@ def summary(args):
              f"on the full {side}^3 cubes' per-redshift spectra and cross-spectra. Trivial predictor: the training mean.",
              "", elapsed_line(study), "",
              "## Held-out synthetic universes", ""]
-    for key, label, sub in (("test", f"Test set ({evolution})", "test"),
-                            ("robust", f"Robustness set (`{study['robust_args']}`)", "robust")):
+    sets = [("test", f"Test set ({evolution})", "test")]
+    if study.get("n_test_pieces", 0):
+        sets.append(("test_pieces", f"Test pieces ({side}^3 of {pp}^3 parents; the baseline's fit is the periodic one)",
+                     "test-pieces"))
+    sets.append(("robust", f"Robustness set (`{study['robust_args']}`)", "robust"))
+    for key, label, sub in sets:
         acc = load_json(os.path.join(d, sub, "accuracy.json"))
         part, report["sets"][key] = summarise(acc, label)
         lines += part + [f"Tables: [{sub}/accuracy.md]({sub}/accuracy.md); plots: "

@@ -25,8 +25,10 @@
 #   PIECES_PARENT_SIDE=256 N_TRAIN_PIECES=128: the validation universes are 128^3 pieces of 256^3
 #   parents (each with its own mean density, as the real cubes have: the calibration then includes
 #   that spread) and N_TRAIN_PIECES such pieces join the N_TRAIN periodic training universes; the
-#   test and robustness sets and the P(k) baseline's fit stay periodic. Both counts are multiples of
-#   the pieces per parent.
+#   test and robustness sets and the P(k) baseline's fit stay periodic. N_TEST_PIECES=128 adds a
+#   second test set of such pieces (other parents), where the served sigma, calibrated on pieces,
+#   applies; the baseline reads it with its periodic fit. The counts are multiples of the pieces per
+#   parent.
 #   TRAIN_TWIN_ARGS=<synth flags>: every training universe is generated a second time with these
 #   flags added (the same seed, so the same cosmology and initial phases; e.g. "--pm-mesh 1", the
 #   other force resolution) and the network and the baseline train on both: 2 x N_TRAIN universes.
@@ -45,7 +47,7 @@ MEMBERS=${MEMBERS:-3}; EPOCHS=${EPOCHS:-12}; BATCH=${BATCH:-8}; LR=${LR:-0.001};
 MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-2}; SEED=${SEED:-1}; SERVE_PRECISION=${SERVE_PRECISION:-fp32}
 BN_STATISTICS_BATCHES=${BN_STATISTICS_BATCHES:-0}; NET_COMPARE_MEMBERS=${NET_COMPARE_MEMBERS:-16}
 NET_COMPARE_PARENT_SIDE=${NET_COMPARE_PARENT_SIDE:-0}
-PIECES_PARENT_SIDE=${PIECES_PARENT_SIDE:-0}; N_TRAIN_PIECES=${N_TRAIN_PIECES:-0}
+PIECES_PARENT_SIDE=${PIECES_PARENT_SIDE:-0}; N_TRAIN_PIECES=${N_TRAIN_PIECES:-0}; N_TEST_PIECES=${N_TEST_PIECES:-0}
 PRIOR=${PRIOR:-0.27,0.33;0.72,0.88;0.864,1.056;63,77}  # the preset's prior (synth/mlperf.h): p0 (1 +- 0.1)
 REAL_DIR=${REAL_DIR:-$here/../shared/data/mlperf-cosmoflow}
 TRAIN=${TRAIN:-1}
@@ -63,7 +65,7 @@ BN_STATISTICS_BATCHES=$((10#$BN_STATISTICS_BATCHES))
   { echo "fullres_study.sh: NET_COMPARE_MEMBERS=$NET_COMPARE_MEMBERS: expected 0 (off) or at least 7" >&2; exit 2; }
 [[ "$NET_COMPARE_PARENT_SIDE" =~ ^[0-9]+$ ]] ||
   { echo "fullres_study.sh: NET_COMPARE_PARENT_SIDE=$NET_COMPARE_PARENT_SIDE: expected 0 (periodic) or a parent side" >&2; exit 2; }
-for v in PIECES_PARENT_SIDE N_TRAIN_PIECES; do
+for v in PIECES_PARENT_SIDE N_TRAIN_PIECES N_TEST_PIECES; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "fullres_study.sh: $v=${!v}: expected a non-negative integer" >&2; exit 2; }
   printf -v "$v" '%d' "$((10#${!v}))"
 done
@@ -91,21 +93,28 @@ done
   { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE BIN=$BIN: BIN x SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
 per_universe=$(( (side / BIN / SUB_SIDE) ** 3 ))
 # Pieces of larger parents for validation and part of training (PIECES_PARENT_SIDE).
-val_set=val; pieces_set=''; per_parent=0
+val_set=val; pieces_set=''; test_pieces_set=''; per_parent=0
 if (( PIECES_PARENT_SIDE > 0 )); then
   (( pieces == 1 )) && [ -z "$TRAIN_TWIN_ARGS" ] ||
     { echo "fullres_study.sh: PIECES_PARENT_SIDE goes with periodic universes only, not with CUBE_SIDE or TRAIN_TWIN_ARGS" >&2; exit 2; }
   (( PIECES_PARENT_SIDE > side && PIECES_PARENT_SIDE % side == 0 )) ||
     { echo "fullres_study.sh: PIECES_PARENT_SIDE=$PIECES_PARENT_SIDE: expected a multiple of the cube side $side above it" >&2; exit 2; }
   per_parent=$(( (PIECES_PARENT_SIDE / side) ** 3 ))
-  for v in N_VAL N_TRAIN_PIECES; do
+  for v in N_VAL N_TRAIN_PIECES N_TEST_PIECES; do
     (( ${!v} % per_parent == 0 )) ||
       { echo "fullres_study.sh: $v=${!v}: expected a multiple of $per_parent (${side}^3 pieces per ${PIECES_PARENT_SIDE}^3 parent)" >&2; exit 2; }
   done
   val_set=val-p$PIECES_PARENT_SIDE; pieces_set=train-p$PIECES_PARENT_SIDE
-elif (( N_TRAIN_PIECES > 0 )); then
-  echo "fullres_study.sh: N_TRAIN_PIECES=$N_TRAIN_PIECES needs PIECES_PARENT_SIDE" >&2; exit 2
+  (( N_TEST_PIECES == 0 )) || test_pieces_set=test-p$PIECES_PARENT_SIDE
+else
+  for v in N_TRAIN_PIECES N_TEST_PIECES; do
+    (( ${!v} == 0 )) || { echo "fullres_study.sh: $v=${!v} needs PIECES_PARENT_SIDE" >&2; exit 2; }
+  done
 fi
+# The sets the server reads are named val, test, test-pieces and robust; data_of gives each one's data.
+test_more=''; [ -n "$test_pieces_set" ] && test_more=test-pieces
+test_sets="test $test_more"
+data_of() { case $1 in val) echo "$val_set" ;; test-pieces) echo "$test_pieces_set" ;; *) echo "$1" ;; esac; }
 # Sub-cube sets are named by their cutting (e.g. test-sub32, test-sub32-bin2): data reused from a
 # run with other SUB_SIDE or BIN are never taken for this one's.
 sub=sub$SUB_SIDE; (( BIN > 1 )) && sub+=-bin$BIN
@@ -125,25 +134,28 @@ pm2() {  # whether synth flags $1 evolve with --pm-mesh 2 (the last --pm-mesh gi
 }
 synth_factor=1; pm2 "$SYNTH_ARGS" && synth_factor=4
 robust_factor=1; pm2 "$SYNTH_ARGS $ROBUST_ARGS" && robust_factor=4
-# The training set: N_TRAIN universes, or twice that with their twins (TRAIN_TWIN_ARGS).
-train_set=train; n_train_all=$N_TRAIN; twin_synth=0
+# The training set: N_TRAIN universes, or twice that with their twins (TRAIN_TWIN_ARGS), or with
+# pieces beside them; extra_synth is what these (and pieces for validation and test) add to the
+# generation's estimate.
+train_set=train; n_train_all=$N_TRAIN; extra_synth=0
 if [ -n "$TRAIN_TWIN_ARGS" ]; then
   train_set=train+twin; n_train_all=$((2 * N_TRAIN))
-  twin_synth=$(( 1000 * N_TRAIN )); pm2 "$SYNTH_ARGS $TRAIN_TWIN_ARGS" && twin_synth=$(( 4000 * N_TRAIN ))
+  extra_synth=$(( 1000 * N_TRAIN )); pm2 "$SYNTH_ARGS $TRAIN_TWIN_ARGS" && extra_synth=$(( 4000 * N_TRAIN ))
 fi
 if (( PIECES_PARENT_SIDE > 0 )); then  # a piece costs about 1.5 periodic universes of its side
-  train_set=train+p$PIECES_PARENT_SIDE; n_train_all=$((N_TRAIN + N_TRAIN_PIECES))
-  twin_synth=$(( synth_factor * (1500 * N_TRAIN_PIECES + 500 * N_VAL) ))
+  (( N_TRAIN_PIECES == 0 )) || { train_set=train+p$PIECES_PARENT_SIDE; n_train_all=$((N_TRAIN + N_TRAIN_PIECES)); }
+  extra_synth=$(( synth_factor * (1500 * (N_TRAIN_PIECES + N_TEST_PIECES) + 500 * N_VAL) ))
 fi
-sub_total=$(( (n_train_all + N_VAL + N_TEST + N_ROBUST) * per_universe ))
+n_served=$(( N_VAL + N_TEST + N_TEST_PIECES + N_ROBUST ))  # universes the server reads
+sub_total=$(( (n_train_all + n_served) * per_universe ))
 sub_milli=$(( 1000 * SUB_SIDE ** 3 / 32 ** 3 ))  # the rates below are for 32^3 sub-cubes
 names=(data subcubes baseline training serving real report)
 est=(
-  $(( (1000 * synth_factor * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST + twin_synth) * vol_milli / 1000000 + 1 ))
-  $(( 50 * (n_train_all + N_VAL + N_TEST + N_ROBUST) * vol_milli / 1000000 + 1 ))
-  $(( 150 * (n_train_all + N_TEST + N_ROBUST) * vol_milli / 1000000 + 5 ))
+  $(( (1000 * synth_factor * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST + extra_synth) * vol_milli / 1000000 + 1 ))
+  $(( 50 * (n_train_all + n_served) * vol_milli / 1000000 + 1 ))
+  $(( 150 * (n_train_all + N_TEST + N_TEST_PIECES + N_ROBUST) * vol_milli / 1000000 + 5 ))
   $(( MEMBERS * EPOCHS * (n_train_all * per_universe * sub_milli / 300000 + N_VAL * per_universe * sub_milli / 1000000) + 10 * MEMBERS ))
-  $(( MEMBERS * (N_VAL + N_TEST + N_ROBUST) * per_universe * sub_milli / 400000 + 5 ))
+  $(( MEMBERS * n_served * per_universe * sub_milli / 400000 + 5 ))
   $(( MEMBERS * 3 * 64 / 400 + 15 + 3 * NET_COMPARE_MEMBERS * (1000 * synth_factor + 1500) * vol_milli / 1000000 ))
   20)
 fmt() { printf '%dh%02dm%02ds' $(($1 / 3600)) $(($1 % 3600 / 60)) $(($1 % 60)); }
@@ -158,18 +170,19 @@ stage() {  # the next stage: its name, elapsed time, its estimate and the run's 
   k=$((k + 1))
 }
 total=0; for e in "${est[@]}"; do total=$((total + e)); done
-twin_note=''; [ -n "$TRAIN_TWIN_ARGS" ] && twin_note=" (training twice: also with $TRAIN_TWIN_ARGS)"
-(( PIECES_PARENT_SIDE > 0 )) && twin_note=" + $N_TRAIN_PIECES train pieces of ${PIECES_PARENT_SIDE}^3 parents, validation on such pieces"
-echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes$twin_note + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 (bin $BIN) -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
+train_note=''; [ -n "$TRAIN_TWIN_ARGS" ] && train_note=" (training twice: also with $TRAIN_TWIN_ARGS)"
+(( PIECES_PARENT_SIDE > 0 )) &&
+  train_note=" + $N_TRAIN_PIECES train and $N_TEST_PIECES test pieces of ${PIECES_PARENT_SIDE}^3 parents, validation on such pieces"
+echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes$train_note + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 (bin $BIN) -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
 # Disk: each universe once whole and once as sub-cubes (int16, 4 channels), and the comparison's
 # universes at the real cubes' parameters.
-need_mib=$(( ((n_train_all + N_VAL + N_TEST + N_ROBUST) * 2 + 3 * NET_COMPARE_MEMBERS) * 8 * side ** 3 / 1048576 ))
+need_mib=$(( ((n_train_all + n_served) * 2 + 3 * NET_COMPARE_MEMBERS) * 8 * side ** 3 / 1048576 ))
 free_mib=$(df -Pm "$out" | awk 'NR == 2 {print $4}')
 (( free_mib >= need_mib )) ||
   echo "fullres_study.sh: warning: the data need up to $need_mib MiB in $out, $free_mib MiB are free (data already there is reused)"
 
 # ---- 1. universes: the MLPerf preset; the robustness set the same prior with another evolution.
-stage "synth --preset mlperf: $N_TRAIN train$twin_note, $N_VAL val, $N_TEST test, $N_ROBUST robustness ($ROBUST_ARGS)"
+stage "synth --preset mlperf: $N_TRAIN train$train_note, $N_VAL val, $N_TEST test, $N_ROBUST robustness ($ROBUST_ARGS)"
 gen() {  # set seed count extra-args...: into a temporary directory, renamed when complete; with
          # gen_parent set, the universes are pieces of gen_parent^3 parents
   local set=$1 seed=$2 n=$3 pieces=$pieces; shift 3
@@ -189,36 +202,36 @@ gen() {  # set seed count extra-args...: into a temporary directory, renamed whe
   mv "$out/data/$set.tmp" "$out/data/$set"
   echo "   $set: $n universes after $(fmt $(( $(date +%s) - t0 )))"
 }
+link_sets() {  # merged a b: one directory of both sets' files, linked under distinct names
+  local merged=$1 a=$2 b=$3 f
+  [ -d "$out/data/$merged" ] && return
+  rm -rf "$out/data/$merged.tmp"; mkdir "$out/data/$merged.tmp"
+  for f in "$out/data/$a"/*.h5; do ln -s "../$a/${f##*/}" "$out/data/$merged.tmp/a-${f##*/}"; done
+  for f in "$out/data/$b"/*.h5; do ln -s "../$b/${f##*/}" "$out/data/$merged.tmp/b-${f##*/}"; done
+  mv "$out/data/$merged.tmp" "$out/data/$merged"
+}
 gen train 21 "$N_TRAIN"; gen test 23 "$N_TEST"
 if (( PIECES_PARENT_SIDE > 0 )); then
   gen_parent=$PIECES_PARENT_SIDE gen "$val_set" 22 "$N_VAL"
-  (( N_TRAIN_PIECES == 0 )) || gen_parent=$PIECES_PARENT_SIDE gen "$pieces_set" 25 "$N_TRAIN_PIECES"
-  if [ ! -d "$out/data/$train_set" ]; then  # both sets' files, linked under distinct names
-    rm -rf "$out/data/$train_set.tmp"; mkdir "$out/data/$train_set.tmp"
-    for f in "$out"/data/train/*.h5; do ln -s "../train/${f##*/}" "$out/data/$train_set.tmp/a-${f##*/}"; done
-    (( N_TRAIN_PIECES == 0 )) || for f in "$out/data/$pieces_set"/*.h5; do
-      ln -s "../$pieces_set/${f##*/}" "$out/data/$train_set.tmp/b-${f##*/}"; done
-    mv "$out/data/$train_set.tmp" "$out/data/$train_set"
+  if (( N_TRAIN_PIECES > 0 )); then
+    gen_parent=$PIECES_PARENT_SIDE gen "$pieces_set" 25 "$N_TRAIN_PIECES"
+    link_sets "$train_set" train "$pieces_set"
   fi
+  (( N_TEST_PIECES == 0 )) || gen_parent=$PIECES_PARENT_SIDE gen "$test_pieces_set" 26 "$N_TEST_PIECES"
 else
   gen val 22 "$N_VAL"
 fi
 if [ -n "$TRAIN_TWIN_ARGS" ]; then
   # shellcheck disable=SC2086
   gen train-twin 21 "$N_TRAIN" $TRAIN_TWIN_ARGS
-  if [ ! -d "$out/data/$train_set" ]; then  # both sets' files, linked under distinct names
-    rm -rf "$out/data/$train_set.tmp"; mkdir "$out/data/$train_set.tmp"
-    for f in "$out"/data/train/*.h5; do ln -s "../train/${f##*/}" "$out/data/$train_set.tmp/a-${f##*/}"; done
-    for f in "$out"/data/train-twin/*.h5; do ln -s "../train-twin/${f##*/}" "$out/data/$train_set.tmp/b-${f##*/}"; done
-    mv "$out/data/$train_set.tmp" "$out/data/$train_set"
-  fi
+  link_sets "$train_set" train train-twin
 fi
 # shellcheck disable=SC2086
 gen robust 24 "$N_ROBUST" $ROBUST_ARGS
 
 # ---- 2. sub-cubes: all four channels, the parents' labels, a group id per universe.
 stage "cosmoflow-subcubes into ${SUB_SIDE}^3 (voxels summed in ${BIN}^3 blocks)"
-for set in "$train_set" "$val_set" test robust; do
+for set in "$train_set" "$val_set" test $test_pieces_set robust; do
   [ -d "$out/data/$set-$sub" ] && continue
   rm -rf "$out/data/$set-$sub.tmp"
   "$build/synth/cosmoflow-subcubes" --in "$out/data/$set" --out "$out/data/$set-$sub.tmp" --side "$SUB_SIDE" --bin "$BIN" --quiet >/dev/null
@@ -228,8 +241,10 @@ done
 # ---- 3. the P(k) baseline on the full cubes: per-redshift spectra and their cross-spectra.
 stage "P(k) baseline (ridge on per-redshift P(k) and cross-spectra of the full ${side}^3 cubes)"
 pk_train=$train_set; (( PIECES_PARENT_SIDE > 0 )) && pk_train=train  # its spectra assume periodic boxes
-$py "$here/tools/pk_baseline.py" --train "$out/data/$pk_train" --test "$out/data/test" "$out/data/robust" \
-  --out "$out/pk_test.csv" "$out/pk_robust.csv" --cross --workers 2 --save-model "$out/pk_fit.npz"
+pk_in=(); pk_out=()
+for set in $test_sets robust; do pk_in+=("$out/data/$(data_of "$set")"); pk_out+=("$out/pk_$set.csv"); done
+$py "$here/tools/pk_baseline.py" --train "$out/data/$pk_train" --test "${pk_in[@]}" --out "${pk_out[@]}" \
+  --cross --workers 2 --save-model "$out/pk_fit.npz"
 
 # ---- 4. training: 2 MPI ranks, the uncertainty study's flags.
 model=$out/run/checkpoints; [ "$MEMBERS" -gt 1 ] && model=$out/run
@@ -262,7 +277,7 @@ else
 fi
 
 # ---- 5. every sub-cube through the real server, averaged per universe.
-stage "serving $(( (N_VAL + N_TEST + N_ROBUST) * per_universe )) sub-cubes through cosmoflow-server, averaging per universe"
+stage "serving $(( n_served * per_universe )) sub-cubes through cosmoflow-server, averaging per universe"
 rm -f "$out/grpc.port" "$out"/pred_*.csv "$out"/universes_*.csv "$out"/model_info*.json "$out"/real_cubes.* "$out/pk_real.csv"
 "$build/server/cosmoflow-server" --checkpoint "$model" --address 127.0.0.1:0 --metrics-address "" \
   --port-file "$out/grpc.port" --max-batch 8 --precision "$SERVE_PRECISION" > "$out/server.log" 2>&1 &
@@ -271,18 +286,16 @@ trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do [ -s "$out/grpc.port" ] && break; sleep 0.2; done
 [ -s "$out/grpc.port" ] || { echo "fullres_study.sh: the server never listened: $(tail -3 "$out/server.log")" >&2; exit 1; }
 addr=127.0.0.1:$(cat "$out/grpc.port")
-for set in val test robust; do
-  data=$set; [ "$set" = val ] && data=$val_set
-  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/$data-$sub" --out "$out/pred_$set.csv"
+for set in val $test_sets robust; do
+  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/$(data_of "$set")-$sub" --out "$out/pred_$set.csv"
 done
 # rho (the correlation between one universe's sub-cube errors) is fitted on the validation
 # universes only; the test, robustness and real cubes use that value.
 $py "$here/tools/average_subcubes.py" --pred "$out/pred_test.csv" --data "$out/data/test-$sub" \
   --out "$out/universes_test.csv" --combine "fit:$out/pred_val.csv,$out/data/$val_set-$sub"
 rho=$($py -c "import csv,sys; print(next(csv.DictReader(open(sys.argv[1])))['combine'].split('rho=')[1])" "$out/universes_test.csv")
-for set in val robust; do
-  data=$set; [ "$set" = val ] && data=$val_set
-  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/$data-$sub" \
+for set in val $test_more robust; do
+  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/$(data_of "$set")-$sub" \
     --out "$out/universes_$set.csv" --combine "rho:$rho"
 done
 echo "   rho = $rho (fitted on the $N_VAL validation universes)"
@@ -345,7 +358,7 @@ read -r mean < <($py -c "
 import glob, h5py, numpy as np
 p = np.concatenate([h5py.File(f)['params'][:] for f in sorted(glob.glob('$out/data/$train_set/*.h5'))])
 print(','.join(f'{v:.6f}' for v in p.mean(0)))")
-for set in test robust; do
+for set in $test_sets robust; do
   $py "$here/tools/accuracy_report.py" --network "$out/universes_$set.csv" --network-val "$out/universes_val.csv" \
     --baseline "$out/pk_$set.csv" --train-mean "$mean" --prior "$PRIOR" --trivial-ratio-targets none \
     --out "$out/$set" > /dev/null
@@ -353,7 +366,7 @@ done
 $py - "$out/study.json" <<PY
 import json, sys
 json.dump({"n_train": $N_TRAIN, "n_val": $N_VAL, "n_test": $N_TEST, "n_robust": $N_ROBUST,
-           "robust_args": "$ROBUST_ARGS", "train_twin_args": "$TRAIN_TWIN_ARGS", "pieces_parent_side": $PIECES_PARENT_SIDE, "n_train_pieces": $N_TRAIN_PIECES, "synth_args": "$SYNTH_ARGS", "side": $side, "parent_side": $parent_side, "sub_side": $SUB_SIDE, "bin": $BIN,
+           "robust_args": "$ROBUST_ARGS", "train_twin_args": "$TRAIN_TWIN_ARGS", "pieces_parent_side": $PIECES_PARENT_SIDE, "n_train_pieces": $N_TRAIN_PIECES, "n_test_pieces": $N_TEST_PIECES, "synth_args": "$SYNTH_ARGS", "side": $side, "parent_side": $parent_side, "sub_side": $SUB_SIDE, "bin": $BIN,
            "subcubes_per_universe": $per_universe, "spec": "$(basename "$SPEC")", "members": $MEMBERS,
            "epochs": $EPOCHS, "batch": $BATCH, "lr": $LR, "precision": "$PRECISION",
            "serve_precision": "$SERVE_PRECISION", "mse_warmup_epochs": $MSE_WARMUP_EPOCHS, "seed": $SEED, "bn_statistics_batches": $BN_STATISTICS_BATCHES,

@@ -79,15 +79,20 @@ assert "also generated with `--pm-mesh 2`" in open(f"{out}/report.md").read()
 PY
 
 # Periodic training universes with pieces beside them (PIECES_PARENT_SIDE): 32^3 periodic
-# universes, and 32^3 pieces of 64^3 parents for validation and as extra training universes.
+# universes, and 32^3 pieces of 64^3 parents for validation, as extra training universes and as a
+# second test set.
 set +e
 err=$(SYNTH_ARGS="--side 32" PIECES_PARENT_SIDE=48 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
 set -e
 [ "$rc" = 2 ] && [[ "$err" == *"PIECES_PARENT_SIDE=48: expected a multiple of the cube side 32 above it"* ]] ||
   fail "PIECES_PARENT_SIDE=48 exited $rc: $err"
 [ ! -e "$work/bad" ] || fail "a refused PIECES_PARENT_SIDE created $work/bad"
+set +e
+err=$(SYNTH_ARGS="--side 32" N_TEST_PIECES=8 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$err" == *"N_TEST_PIECES=8 needs PIECES_PARENT_SIDE"* ]] || fail "N_TEST_PIECES alone exited $rc: $err"
 mixed=$work/mixed
-env BUILD_DIR="$build" SYNTH_ARGS="--side 32" PIECES_PARENT_SIDE=64 N_TRAIN=8 N_TRAIN_PIECES=8 N_VAL=8 N_TEST=8 \
+env BUILD_DIR="$build" SYNTH_ARGS="--side 32" PIECES_PARENT_SIDE=64 N_TRAIN=8 N_TRAIN_PIECES=8 N_VAL=8 N_TEST=8 N_TEST_PIECES=8 \
   N_ROBUST=8 MEMBERS=1 EPOCHS=1 BATCH=4 MSE_WARMUP_EPOCHS=1 NET_COMPARE_MEMBERS=0 REAL_DIR="$work/no-such-dir" \
   bash "$here/tools/fullres_study.sh" "$mixed" > "$work/stdout-mixed.txt" 2> "$work/stderr-mixed.txt" ||
   { cat "$work/stderr-mixed.txt" >&2; fail "the run with pieces failed"; }
@@ -98,7 +103,7 @@ import numpy as np
 out = sys.argv[1]
 load = lambda s, k: np.concatenate([h5py.File(f)[k][:] for f in sorted(glob.glob(f"{out}/data/{s}/*.h5"))])
 mean_counts = lambda s: load(s, "cubes").reshape(8, 4, -1).mean(axis=2)
-for s in ("val-p64", "train-p64"):  # pieces: their own mean densities, the parent's particles all kept
+for s in ("val-p64", "train-p64", "test-p64"):  # pieces: their own mean densities, the parent's particles all kept
     m = mean_counts(s)
     assert m.std(axis=0).min() > 1e-3 and np.allclose(m.mean(axis=0), 1.0), (s, m)
 for s in ("train", "test", "robust"):  # periodic: one particle per voxel
@@ -107,11 +112,19 @@ assert load("train+p64", "params").shape == (16, 4) and load("train+p64-sub32", 
 assert np.array_equal(load("val-p64", "params"), load("val-p64-sub32", "params"))
 study = json.load(open(f"{out}/study.json"))
 assert study["pieces_parent_side"] == 64 and study["n_train_pieces"] == 8 and study["side"] == 32, study
-# Validation on the pieces: the served predictions of the validation set are those of val-p64.
-val = list(csv.DictReader(open(f"{out}/universes_val.csv")))
-truth = load("val-p64", "params")
-assert len(val) == 8 and all(abs(float(r["true_Omega_M"]) - truth[i, 0]) < 1e-5 for i, r in enumerate(val)), val
-assert "pieces of 64^3 parents" in open(f"{out}/report.md").read()
+assert study["n_test_pieces"] == 8, study
+# Validation and the second test set are the pieces: their served predictions are those of
+# val-p64 and test-p64, and the test pieces have their own report beside the periodic one.
+for name, data in (("val", "val-p64"), ("test-pieces", "test-p64")):
+    rows = list(csv.DictReader(open(f"{out}/universes_{name}.csv")))
+    truth = load(data, "params")
+    assert len(rows) == 8 and all(abs(float(r["true_Omega_M"]) - truth[i, 0]) < 1e-5 for i, r in enumerate(rows)), rows
+assert not set(map(tuple, load("test-p64", "params"))) & set(map(tuple, load("val-p64", "params")))
+assert json.load(open(f"{out}/test-pieces/accuracy.json"))["test_samples"] == 8
+assert len(list(csv.DictReader(open(f"{out}/pk_test-pieces.csv")))) == 8
+report = open(f"{out}/report.md").read()
+assert "pieces of 64^3 parents" in report and "### Test pieces (32^3 of 64^3 parents" in report, report
+assert json.load(open(f"{out}/report.json"))["sets"]["test_pieces"]["universes"] == 8
 PY
 grep -q "pk_baseline.py: 8 train / 8 test cubes" "$work/stderr-mixed.txt" ||
   fail "the baseline was not fitted on the 8 periodic training universes alone"
