@@ -231,8 +231,8 @@ def summary(args):
              "## Held-out synthetic universes", ""]
     sets = [("test", f"Test set ({evolution})", "test")]
     if study.get("n_test_pieces", 0):
-        sets.append(("test_pieces", f"Test pieces ({side}^3 of {pp}^3 parents; the baseline's fit is the periodic one)",
-                     "test-pieces"))
+        sets.append(("test_pieces", f"Test pieces ({side}^3 of {pp}^3 parents; the baseline fitted on every training "
+                                    f"universe, pieces included)", "test-pieces"))
     sets.append(("robust", f"Robustness set (`{study['robust_args']}`)", "robust"))
     for key, label, sub in sets:
         acc = load_json(os.path.join(d, sub, "accuracy.json"))

@@ -27,8 +27,8 @@
 #   that spread) and N_TRAIN_PIECES such pieces join the N_TRAIN periodic training universes; the
 #   test and robustness sets and the P(k) baseline's fit stay periodic. N_TEST_PIECES=128 adds a
 #   second test set of such pieces (other parents), where the served sigma, calibrated on pieces,
-#   applies; the baseline reads it with its periodic fit. The counts are multiples of the pieces per
-#   parent.
+#   applies; a second baseline fit, on every training universe (pieces included), reads it. The
+#   counts are multiples of the pieces per parent.
 #   TRAIN_TWIN_ARGS=<synth flags>: every training universe is generated a second time with these
 #   flags added (the same seed, so the same cosmology and initial phases; e.g. "--pm-mesh 1", the
 #   other force resolution) and the network and the baseline train on both: 2 x N_TRAIN universes.
@@ -153,7 +153,7 @@ names=(data subcubes baseline training serving real report)
 est=(
   $(( (1000 * synth_factor * (N_TRAIN + N_VAL + N_TEST) + 1000 * robust_factor * N_ROBUST + extra_synth) * vol_milli / 1000000 + 1 ))
   $(( 50 * (n_train_all + n_served) * vol_milli / 1000000 + 1 ))
-  $(( 150 * (n_train_all + N_TEST + N_TEST_PIECES + N_ROBUST) * vol_milli / 1000000 + 5 ))
+  $(( 150 * (n_train_all + N_TEST + N_ROBUST + (N_TEST_PIECES > 0 ? n_train_all + N_TEST_PIECES : 0)) * vol_milli / 1000000 + 5 ))
   $(( MEMBERS * EPOCHS * (n_train_all * per_universe * sub_milli / 300000 + N_VAL * per_universe * sub_milli / 1000000) + 10 * MEMBERS ))
   $(( MEMBERS * n_served * per_universe * sub_milli / 400000 + 5 ))
   $(( MEMBERS * 3 * 64 / 400 + 15 + 3 * NET_COMPARE_MEMBERS * (1000 * synth_factor + 1500) * vol_milli / 1000000 ))
@@ -241,10 +241,11 @@ done
 # ---- 3. the P(k) baseline on the full cubes: per-redshift spectra and their cross-spectra.
 stage "P(k) baseline (ridge on per-redshift P(k) and cross-spectra of the full ${side}^3 cubes)"
 pk_train=$train_set; (( PIECES_PARENT_SIDE > 0 )) && pk_train=train  # its spectra assume periodic boxes
-pk_in=(); pk_out=()
-for set in $test_sets robust; do pk_in+=("$out/data/$(data_of "$set")"); pk_out+=("$out/pk_$set.csv"); done
-$py "$here/tools/pk_baseline.py" --train "$out/data/$pk_train" --test "${pk_in[@]}" --out "${pk_out[@]}" \
-  --cross --workers 2 --save-model "$out/pk_fit.npz"
+$py "$here/tools/pk_baseline.py" --train "$out/data/$pk_train" --test "$out/data/test" "$out/data/robust" \
+  --out "$out/pk_test.csv" "$out/pk_robust.csv" --cross --workers 2 --save-model "$out/pk_fit.npz"
+# The test pieces against a fit that has seen pieces: every training universe, pieces included.
+[ -z "$test_pieces_set" ] || $py "$here/tools/pk_baseline.py" --train "$out/data/$train_set" \
+  --test "$out/data/$test_pieces_set" --out "$out/pk_test-pieces.csv" --cross --workers 2
 
 # ---- 4. training: 2 MPI ranks, the uncertainty study's flags.
 model=$out/run/checkpoints; [ "$MEMBERS" -gt 1 ] && model=$out/run

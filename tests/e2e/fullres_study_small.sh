@@ -128,6 +128,8 @@ assert json.load(open(f"{out}/report.json"))["sets"]["test_pieces"]["universes"]
 PY
 grep -q "pk_baseline.py: 8 train / 8 test cubes" "$work/stderr-mixed.txt" ||
   fail "the baseline was not fitted on the 8 periodic training universes alone"
+grep -q "pk_baseline.py: 16 train / 8 test cubes.*pk_test-pieces.csv" "$work/stderr-mixed.txt" ||
+  fail "the baseline of the test pieces was not fitted on all 16 training universes, pieces included"
 
 out=$work/run
 toy=(BUILD_DIR="$build" N_TRAIN=6 N_VAL=3 N_TEST=3 N_ROBUST=3 MEMBERS=2 EPOCHS=2 MSE_WARMUP_EPOCHS=1 NET_COMPARE_MEMBERS=8)
