@@ -23,7 +23,8 @@ constexpr char kUsage[] =
 // The flags as given, before they are checked and turned into SynthOptions.
 struct RawFlags {
   std::string out, redshifts = "0,0.5,1.5,3", ranges, omega_m, sigma_8, n_s, h0, transfer = "eh98",
-                   displacement = "pm", assignment = "ngp", pm_gradient = "fd4", smoothing = "auto",
+                   displacement = "pm", assignment = "ngp", pm_gradient = "fd4", pm_step_spacing = "a",
+                   smoothing = "auto",
                    prefix = "synth", preset;
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
           threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1, pm_mesh = 1;
@@ -67,6 +68,8 @@ void AddFlags(FlagParser& flags, RawFlags& f) {
   flags.AddString("pm-gradient", &f.pm_gradient,
                   "particle-mesh force: fd4 (default, 4-point difference of the potential) or ik "
                   "(spectral, 2 more FFTs per step)");
+  flags.AddString("pm-step-spacing", &f.pm_step_spacing,
+                  "particle-mesh steps even in a (default) or in loga (more steps at early times)");
   flags.AddInt("pm-mesh", &f.pm_mesh,
                "particle-mesh force cells per voxel along each axis: 1 (default) or 2 (8x cost)");
   flags.AddString("assignment", &f.assignment, "ngp (default) or cic");
@@ -144,6 +147,9 @@ Status SetUniverse(const RawFlags& f, UniverseOptions& uo) {
   auto gradient = ParsePmGradient(f.pm_gradient);
   if (!gradient.ok()) return gradient.status().WithContext("--pm-gradient");
   uo.pm_gradient = *gradient;
+  auto spacing = ParsePmStepSpacing(f.pm_step_spacing);
+  if (!spacing.ok()) return spacing.status().WithContext("--pm-step-spacing");
+  uo.pm_step_spacing = *spacing;
   auto assignment = ParseMassAssignment(f.assignment);
   if (!assignment.ok()) return assignment.status().WithContext("--assignment");
   uo.assignment = *assignment;
@@ -244,6 +250,7 @@ Status ApplyPreset(const FlagParser& flags, RawFlags& f) {
   set("pm-steps", &f.pm_steps, int64_t{10});
   set("pm-initial-redshift", &f.pm_z_init, 9.0);
   set("pm-gradient", &f.pm_gradient, std::string("fd4"));
+  set("pm-step-spacing", &f.pm_step_spacing, std::string("a"));
   set("pm-mesh", &f.pm_mesh, int64_t{1});
   set("assignment", &f.assignment, std::string("ngp"));
   set("transfer", &f.transfer, std::string("eh98"));

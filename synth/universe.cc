@@ -172,6 +172,14 @@ StatusOr<PmGradient> ParsePmGradient(const std::string& name) {
   return InvalidArgumentError("pm gradient '" + name + "' is not one of fd4, ik");
 }
 
+const char* PmStepSpacingName(PmStepSpacing s) { return s == PmStepSpacing::kLogA ? "loga" : "a"; }
+
+StatusOr<PmStepSpacing> ParsePmStepSpacing(const std::string& name) {
+  if (name == "a") return PmStepSpacing::kLinearA;
+  if (name == "loga") return PmStepSpacing::kLogA;
+  return InvalidArgumentError("pm step spacing '" + name + "' is not one of a, loga");
+}
+
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name) {
   if (name == "ngp") return MassAssignment::kNgp;
   if (name == "cic") return MassAssignment::kCic;
@@ -750,31 +758,31 @@ struct UniverseGenerator::Impl {
   }
 };
 
-// The particle-mesh time nodes, from a_init to the last output. Every output is a node; the
-// pm_steps steps are shared among the intervals between outputs in proportion to their length in
-// a (at least one each), evenly spaced within each. `outputs` is sorted by a, all after a_init.
-std::vector<double> PmTimeNodes(double a_init, const std::vector<std::pair<double, int>>& outputs,
-                                int pm_steps) {
+std::vector<double> PmTimeNodes(double a_init, const std::vector<double>& output_as, int pm_steps,
+                                PmStepSpacing spacing) {
+  // Interval ends in the spacing's variable t (a or ln a); outputs come back exactly.
+  const bool log_a = spacing == PmStepSpacing::kLogA;
+  auto to_t = [&](double a) { return log_a ? std::log(a) : a; };
+  auto to_a = [&](double t) { return log_a ? std::exp(t) : t; };
   std::vector<double> ends = {a_init};
-  for (const auto& out : outputs) {
-    if (out.first - ends.back() > 1e-9) ends.push_back(out.first);
+  for (double a : output_as) {
+    if (a - ends.back() > 1e-9) ends.push_back(a);
   }
   const int intervals = static_cast<int>(ends.size()) - 1;
+  auto length = [&](int i) { return to_t(ends[i + 1]) - to_t(ends[i]); };
   std::vector<int> steps(intervals, 1);
   for (int extra = pm_steps - intervals; extra > 0; --extra) {
     // Give the next step to the interval with the longest steps.
     int best = 0;
     for (int i = 1; i < intervals; ++i) {
-      if ((ends[i + 1] - ends[i]) / steps[i] > (ends[best + 1] - ends[best]) / steps[best])
-        best = i;
+      if (length(i) / steps[i] > length(best) / steps[best]) best = i;
     }
     ++steps[best];
   }
   std::vector<double> nodes = {a_init};
   for (int i = 0; i < intervals; ++i) {
     for (int k = 1; k <= steps[i]; ++k) {
-      nodes.push_back(k == steps[i] ? ends[i + 1]
-                                    : ends[i] + (ends[i + 1] - ends[i]) * k / steps[i]);
+      nodes.push_back(k == steps[i] ? ends[i + 1] : to_a(to_t(ends[i]) + length(i) * k / steps[i]));
     }
   }
   return nodes;
@@ -941,7 +949,9 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   }
   if (outputs.empty()) return Status::Ok();
   std::sort(outputs.begin(), outputs.end());
-  const std::vector<double> nodes = PmTimeNodes(a_init, outputs, o.pm_steps);
+  std::vector<double> output_as;
+  for (const auto& out : outputs) output_as.push_back(out.first);
+  const std::vector<double> nodes = PmTimeNodes(a_init, output_as, o.pm_steps, o.pm_step_spacing);
   m.StartParticles(box, t.D1(a_init), t.D2(a_init), t.Gp(a_init), t.Gp2(a_init));
   m.Forces(box, om, a_init, o.pm_gradient);
   // Kick-drift-kick, with each step's closing half-kick merged into the next step's opening one:

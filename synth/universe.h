@@ -53,6 +53,9 @@ enum class MassAssignment { kNgp, kCic };
 // How the particle mesh differentiates the potential: a 4-point finite difference of phi (one
 // inverse FFT per step) or the exact spectral gradient i k phi (three).
 enum class PmGradient { kFiniteDifference, kSpectral };
+// How the particle mesh spaces its time steps: evenly in the scale factor a, or evenly in ln a
+// (more steps at early times, where the high-redshift channels form).
+enum class PmStepSpacing { kLinearA, kLogA };
 
 const char* DisplacementName(Displacement d);      // "za", "2lpt", "pm"
 const char* MassAssignmentName(MassAssignment m);  // "ngp", "cic"
@@ -60,6 +63,15 @@ StatusOr<Displacement> ParseDisplacement(const std::string& name);
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name);
 const char* PmGradientName(PmGradient g);  // "fd4", "ik"
 StatusOr<PmGradient> ParsePmGradient(const std::string& name);
+const char* PmStepSpacingName(PmStepSpacing s);  // "a", "loga"
+StatusOr<PmStepSpacing> ParsePmStepSpacing(const std::string& name);
+
+// The particle-mesh time nodes (scale factors) from a_init to the last of `output_as` (sorted,
+// all > a_init), pm_steps steps in all: every output is a node, the steps are shared among the
+// intervals between outputs in proportion to their length in a (kLinearA) or ln a (kLogA), at least
+// one each, and spaced evenly in that variable within each interval.
+std::vector<double> PmTimeNodes(double a_init, const std::vector<double>& output_as, int pm_steps,
+                                PmStepSpacing spacing);
 
 inline std::vector<double> DefaultRedshifts() { return {0.0, 0.5, 1.5, 3.0}; }
 
@@ -92,6 +104,7 @@ struct UniverseOptions {
   int pm_steps = 10;
   double pm_initial_redshift = 9.0;
   PmGradient pm_gradient = PmGradient::kFiniteDifference;
+  PmStepSpacing pm_step_spacing = PmStepSpacing::kLinearA;
   // Force mesh cells per particle-grid cell along each axis: 1 (the default) or 2 (8x the mesh
   // cells: forces resolved to ~1 cell of the output grid instead of ~2-3, at ~8x the mesh cost).
   int pm_mesh_factor = 1;

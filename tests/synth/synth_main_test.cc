@@ -121,6 +121,7 @@ TEST(SynthCliTest, MlperfPresetHasThePriorAndGeometryAndYieldsToFlags) {
   EXPECT_DOUBLE_EQ(info.box_size_mpc_h, 8.0);  // 1 Mpc/h voxels at H0 = 70
   EXPECT_NE(info.provenance.find("preset: mlperf"), std::string::npos);
   EXPECT_NE(info.provenance.find("pm_steps=2"), std::string::npos);
+  EXPECT_NE(info.provenance.find("pm_step_spacing=a"), std::string::npos);
   auto params = (*r)->ReadAllParams();
   auto box = (*r)->ReadSampleField(kSampleBoxSize);
   ASSERT_TRUE(params.ok() && box.ok());
@@ -181,6 +182,7 @@ TEST(SynthCliTest, BadFlagsGiveOneLineAndStatus2) {
       {"--out X --ranges 0.3:0.2,0.8:0.9,0.9:1", "MIN > MAX"},
       {"--out X --transfer cdm", "transfer"},
       {"--out X --displacement nbody", "displacement"},
+      {"--out X --pm-step-spacing log", "--pm-step-spacing: pm step spacing 'log' is not one of a, loga"},
       {"--out X --samples", "needs a value"},
       {"--out X --omega-b 0.5", "Omega_b"},
       {"--out X --h0 80:60", "H0 range"},

@@ -315,6 +315,71 @@ TEST(UniverseTest, FinerForceMeshSharpensSmallScales) {
   EXPECT_FALSE(bad.Validate().ok());
 }
 
+// The time nodes: every output is a node, pm_steps steps in all, shared by the intervals' lengths
+// in a or ln a and spaced evenly in that variable. The MLPerf redshifts from z = 9 with 10 steps:
+// lengths in a 0.15, 0.15, 0.267, 0.333 give 2, 2, 3, 3 steps; in ln a 0.92, 0.47, 0.51, 0.41
+// give 4, 2, 2, 2.
+TEST(UniverseTest, PmTimeNodesShareStepsByTheSpacingsVariable) {
+  const double a_init = 0.1;
+  const std::vector<double> outs = {0.25, 0.4, 2.0 / 3.0, 1.0};
+  auto steps_per_interval = [&](const std::vector<double>& nodes) {
+    std::vector<int> n(outs.size(), 0);
+    size_t i = 0;
+    for (size_t k = 1; k < nodes.size(); ++k) {
+      ++n[i];
+      if (std::fabs(nodes[k] - outs[i]) < 1e-12) ++i;
+    }
+    EXPECT_EQ(i, outs.size()) << "every output is a node";
+    return n;
+  };
+  const auto lin = PmTimeNodes(a_init, outs, 10, PmStepSpacing::kLinearA);
+  const auto log = PmTimeNodes(a_init, outs, 10, PmStepSpacing::kLogA);
+  ASSERT_EQ(lin.size(), 11u);
+  ASSERT_EQ(log.size(), 11u);
+  EXPECT_EQ(steps_per_interval(lin), (std::vector<int>{2, 2, 3, 3}));
+  EXPECT_EQ(steps_per_interval(log), (std::vector<int>{4, 2, 2, 2}));
+  // Even in the variable within an interval: the first interval's four ln a steps are equal.
+  for (int k = 1; k <= 4; ++k) EXPECT_NEAR(std::log(log[k] / log[k - 1]), std::log(2.5) / 4, 1e-12);
+  EXPECT_NEAR(lin[1] - lin[0], 0.075, 1e-12);
+  EXPECT_EQ(lin.front(), a_init);
+  EXPECT_EQ(log.back(), 1.0);
+  // Fewer steps than intervals: one per interval all the same.
+  EXPECT_EQ(PmTimeNodes(a_init, outs, 2, PmStepSpacing::kLogA), (std::vector<double>{0.1, 0.25, 0.4, 2.0 / 3.0, 1.0}));
+}
+
+// Log spacing moves steps to early times (with the fine force mesh, where the steps matter): the
+// z = 3 channel gets more small-scale power (4 steps instead of 2), z = 0 less (2 steps from
+// z = 0.5 instead of 3); the mass and the large scales stay.
+TEST(UniverseTest, LogStepSpacingChangesTheEarlyChannel) {
+  Cosmology c = Make(0.3, 0.8, 0.96);
+  auto run = [&](PmStepSpacing spacing) {
+    UniverseOptions o;
+    o.side = 32;
+    o.voxel_size = 1.0;
+    o.pm_mesh_factor = 2;
+    o.pm_step_spacing = spacing;
+    auto cube = MakeGenerator(o)->Generate(c, 5, 0);
+    EXPECT_TRUE(cube.ok());
+    return std::move(cube).value();
+  };
+  const Cube lin = run(PmStepSpacing::kLinearA), log = run(PmStepSpacing::kLogA);
+  const int64_t voxels = 32 * 32 * 32;
+  int64_t sum = 0, differ = 0;
+  for (int64_t v = 0; v < 4 * voxels; ++v) {
+    sum += log.int16_data()[v];
+    differ += log.int16_data()[v] != lin.int16_data()[v];
+  }
+  EXPECT_EQ(sum, 4 * voxels);  // mass conserved in every channel
+  EXPECT_GT(differ, voxels / 10);
+  const PowerSpectrumBins pl = CountPower(lin, 3, 32), pg = CountPower(log, 3, 32);
+  EXPECT_NEAR(pg.power[0] / pl.power[0], 1.0, 0.1);  // k = 0.2 h/Mpc
+  EXPECT_GT(pg.power[12], 1.01 * pl.power[12]);       // k = 2.5 h/Mpc: 4 steps to z = 3, not 2
+  // z = 0 after 2 steps from z = 0.5 instead of 3: less small-scale power.
+  EXPECT_LT(CountPower(log, 0, 32).power[12], 0.95 * CountPower(lin, 0, 32).power[12]);
+  EXPECT_TRUE(ParsePmStepSpacing("loga").ok());
+  EXPECT_FALSE(ParsePmStepSpacing("log").ok());
+}
+
 TEST(UniverseTest, SecondOrderChangesButDoesNotDominate) {
   UniverseOptions o;
   o.side = 32;
