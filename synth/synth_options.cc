@@ -71,7 +71,7 @@ void AddFlags(FlagParser& flags, RawFlags& f) {
   flags.AddString("pm-step-spacing", &f.pm_step_spacing,
                   "particle-mesh steps even in a (default) or in loga (more steps at early times)");
   flags.AddInt("pm-mesh", &f.pm_mesh,
-               "particle-mesh force cells per voxel along each axis: 1 (default) or 2 (8x cost)");
+               "particle-mesh force cells per voxel along each axis: 1 (default), 2 (8x cost) or 3 (27x)");
   flags.AddString("assignment", &f.assignment, "ngp (default) or cic");
   flags.AddString("smoothing", &f.smoothing,
                   "truncation: auto (default, R = factor/k_nl(z)), 0 (none) or R in Mpc/h");

@@ -213,8 +213,8 @@ Status UniverseOptions::Validate() const {
       return InvalidArgumentError("pm initial redshift = " + Num(pm_initial_redshift) +
                                   ": must be in (0, 1000)");
     }
-    if (pm_mesh_factor != 1 && pm_mesh_factor != 2)
-      return InvalidArgumentError("pm mesh factor = " + Num(pm_mesh_factor) + ": must be 1 or 2");
+    if (pm_mesh_factor < 1 || pm_mesh_factor > 3)
+      return InvalidArgumentError("pm mesh factor = " + Num(pm_mesh_factor) + ": must be 1, 2 or 3");
     if (particles_per_side > 0 && particles_per_side != side) {
       return InvalidArgumentError("particles per side = " + Num(particles_per_side) +
                                   ": the particle mesh needs one particle per voxel (= side)");
@@ -554,7 +554,7 @@ struct UniverseGenerator::Impl {
   // the potential too) or the exact i k (three inverse FFTs).
   LargeVector<float> force;
   // The force mesh: the particle grid's own buffers and plans (pm_mesh_factor 1), or a finer
-  // mesh of its own (factor 2: 8x the cells, for force resolution studies).
+  // mesh of its own (factor 2 or 3: 8x or 27x the cells, for force resolution studies).
   int g = 0;
   size_t mesh_size = 0;
   float* mesh_real = nullptr;

@@ -105,8 +105,9 @@ struct UniverseOptions {
   double pm_initial_redshift = 9.0;
   PmGradient pm_gradient = PmGradient::kFiniteDifference;
   PmStepSpacing pm_step_spacing = PmStepSpacing::kLinearA;
-  // Force mesh cells per particle-grid cell along each axis: 1 (the default) or 2 (8x the mesh
-  // cells: forces resolved to ~1 cell of the output grid instead of ~2-3, at ~8x the mesh cost).
+  // Force mesh cells per particle-grid cell along each axis: 1 (the default), 2 (8x the mesh
+  // cells: forces resolved to ~1 cell of the output grid instead of ~2-3, at ~8x the mesh cost) or
+  // 3 (27x: the mesh COLA codes commonly run, 3x the particle grid).
   int pm_mesh_factor = 1;
   double NlFactor() const {
     if (smoothing_nl_factor > 0) return smoothing_nl_factor;

@@ -121,26 +121,27 @@ sub=sub$SUB_SIDE; (( BIN > 1 )) && sub+=-bin$BIN
 mkdir -p "$out/data"
 
 # Time estimates on 2 idle cores (docs/accuracy.md, "The full-resolution study", has their basis):
-# 1.0 s per preset universe with 2 workers, 4x that with --pm-mesh 2; cutting 0.05 s per universe;
+# 1.0 s per preset universe with 2 workers, 4x that with --pm-mesh 2, 11x with 3; cutting 0.05 s per universe;
 # the baseline 0.15 s per universe; training 300 sub-cubes/s (validation 1000/s); serving 400
 # sub-cubes/s per member. Each scales with the voxel count.
 vol_milli=$(( 1000 * side ** 3 / 128 ** 3 ))
-pm2() {  # whether synth flags $1 evolve with --pm-mesh 2 (the last --pm-mesh given wins)
+mesh_cost() {  # a universe's generation time with synth flags $1, in preset universes (the last
+               # --pm-mesh given wins)
   local w prev='' mesh=1
   for w in $1; do
     [ "$prev" = --pm-mesh ] && mesh=$w; [[ "$w" == --pm-mesh=* ]] && mesh=${w#--pm-mesh=}; prev=$w
   done
-  [ "$mesh" = 2 ]
+  case $mesh in 2) echo 4 ;; 3) echo 11 ;; *) echo 1 ;; esac
 }
-synth_factor=1; pm2 "$SYNTH_ARGS" && synth_factor=4
-robust_factor=1; pm2 "$SYNTH_ARGS $ROBUST_ARGS" && robust_factor=4
+synth_factor=$(mesh_cost "$SYNTH_ARGS")
+robust_factor=$(mesh_cost "$SYNTH_ARGS $ROBUST_ARGS")
 # The training set: N_TRAIN universes, or twice that with their twins (TRAIN_TWIN_ARGS), or with
 # pieces beside them; extra_synth is what these (and pieces for validation and test) add to the
 # generation's estimate.
 train_set=train; n_train_all=$N_TRAIN; extra_synth=0
 if [ -n "$TRAIN_TWIN_ARGS" ]; then
   train_set=train+twin; n_train_all=$((2 * N_TRAIN))
-  extra_synth=$(( 1000 * N_TRAIN )); pm2 "$SYNTH_ARGS $TRAIN_TWIN_ARGS" && extra_synth=$(( 4000 * N_TRAIN ))
+  extra_synth=$(( 1000 * $(mesh_cost "$SYNTH_ARGS $TRAIN_TWIN_ARGS") * N_TRAIN ))
 fi
 if (( PIECES_PARENT_SIDE > 0 )); then  # a piece costs about 1.5 periodic universes of its side
   (( N_TRAIN_PIECES == 0 )) || { train_set=train+p$PIECES_PARENT_SIDE; n_train_all=$((N_TRAIN + N_TRAIN_PIECES)); }

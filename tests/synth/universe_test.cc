@@ -311,7 +311,7 @@ TEST(UniverseTest, FinerForceMeshSharpensSmallScales) {
   EXPECT_NEAR(pf.power[0] / pc.power[0], 1.0, 0.15);  // k = 0.2 h/Mpc
   EXPECT_GT(pf.power[12], 1.1 * pc.power[12]);         // k = 2.5 h/Mpc
   UniverseOptions bad;
-  bad.pm_mesh_factor = 3;
+  bad.pm_mesh_factor = 4;
   EXPECT_FALSE(bad.Validate().ok());
 }
 
