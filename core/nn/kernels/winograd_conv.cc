@@ -35,6 +35,13 @@ constexpr int64_t kBlockBytes = 1 << 20;
 
 int RoundUp16(int x) { return (x + 15) / 16 * 16; }
 
+constexpr bool kAvx512MicroKernel =
+#ifdef __AVX512F__
+    true;
+#else
+    false;
+#endif
+
 // Solves for the inverse of the n x n matrix a (row-major) by Gauss-Jordan with partial pivoting.
 std::vector<double> Inverse(std::vector<double> a, int n) {
   std::vector<double> inv(static_cast<size_t>(n) * n, 0.0);
@@ -330,6 +337,8 @@ double WinogradConv3d::FlopRatio(const Conv3dShape& s) {
   const double product = double(kA3) * cp * fp;
   return s.DirectFlops() / (2.0 * Tiles(s) * (in_transform + out_transform + product));
 }
+
+bool WinogradConv3d::Avx512MicroKernel() { return kAvx512MicroKernel; }
 
 WinogradConv3d::WinogradConv3d(const Conv3dShape& shape, const ActivationLayout& src, const ActivationLayout& dst,
                                Io io)

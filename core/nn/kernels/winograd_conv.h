@@ -52,6 +52,10 @@ class WinogradConv3d {
   static int64_t Tiles(const Conv3dShape& s);
   // Direct flops / the Winograd path's multiply-add flops (transforms included): the rule's measure.
   static double FlopRatio(const Conv3dShape& s);
+  // Whether this build's per-point products run the AVX-512 micro-kernel (6 rows x 64 filters from
+  // registers). Without AVX-512 (an AVX2 build) they run 4 x 16, and sc18's convs take 1.5x the
+  // time of oneDNN's AVX2 direct kernels (docs/benchmarks.md): the rule then leaves Winograd out.
+  static bool Avx512MicroKernel();
 
   enum class Io { kF32, kBf16 };  // the element type of src, dst and diff_dst
 

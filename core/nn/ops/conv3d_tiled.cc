@@ -13,7 +13,10 @@
 // In bf16 the rule takes Winograd (same thresholds) only on a CPU without AMX: there oneDNN's
 // AVX512-BF16 direct kernels run at about twice the fp32 FMA peak, and Winograd's fp32 arithmetic
 // with a flop ratio >= 3 still wins (sc18's conv1 and conv2 on a Zen 4, docs/benchmarks.md); on
-// AMX oneDNN's tiles run several times faster than that.
+// AMX oneDNN's tiles run several times faster than that. In a build without AVX-512 the rule never
+// takes Winograd: its narrower micro-kernel there runs sc18's convs 1.5x slower than oneDNN's AVX2
+// direct kernels (measured on a Zen 4 held to AVX2, docs/benchmarks.md); forcing or measurement
+// still can.
 // FFT runs only when forced ("conv.fwd=fft", ...) or chosen by measurement: it loses every pass.
 #include <memory>
 #include <optional>
@@ -95,8 +98,9 @@ struct Winograd {
   using Kernel = WinogradConv3d;
   static bool Supports(const Conv3dShape& shape, Dt) { return WinogradConv3d::Supports(shape); }
   static bool Preferred(const Conv3dShape& shape, Dt dt) {
-    return WinogradConv3d::Supports(shape) && WinogradConv3d::FlopRatio(shape) >= kMinWinogradFlopRatio &&
-           WinogradConv3d::Tiles(shape) >= kMinWinogradTiles && (dt == Dt::f32 || !CpuHasAmx());
+    return WinogradConv3d::Avx512MicroKernel() && WinogradConv3d::Supports(shape) &&
+           WinogradConv3d::FlopRatio(shape) >= kMinWinogradFlopRatio && WinogradConv3d::Tiles(shape) >= kMinWinogradTiles &&
+           (dt == Dt::f32 || !CpuHasAmx());
   }
   static std::unique_ptr<WinogradConv3d> Make(const Conv3dShape& shape, const ActivationLayout& src,
                                               const ActivationLayout& dst, Dt dt) {
