@@ -23,9 +23,8 @@ constexpr char kUsage[] =
 // The flags as given, before they are checked and turned into SynthOptions.
 struct RawFlags {
   std::string out, redshifts = "0,0.5,1.5,3", ranges, omega_m, sigma_8, n_s, h0, transfer = "eh98",
-                   displacement = "pm", assignment = "ngp", pm_gradient = "fd4", pm_step_spacing = "a",
-                   smoothing = "auto",
-                   prefix = "synth", preset;
+                   displacement = "pm", assignment = "ngp", pm_gradient = "fd4",
+                   pm_step_spacing = "a", smoothing = "auto", prefix = "synth", preset;
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
           threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1, pm_mesh = 1;
   double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0, pm_z_init = 9;
@@ -70,8 +69,9 @@ void AddFlags(FlagParser& flags, RawFlags& f) {
                   "(spectral, 2 more FFTs per step)");
   flags.AddString("pm-step-spacing", &f.pm_step_spacing,
                   "particle-mesh steps even in a (default) or in loga (more steps at early times)");
-  flags.AddInt("pm-mesh", &f.pm_mesh,
-               "particle-mesh force cells per voxel along each axis: 1 (default), 2 (8x cost) or 3 (27x)");
+  flags.AddInt(
+      "pm-mesh", &f.pm_mesh,
+      "particle-mesh force cells per voxel along each axis: 1 (default), 2 (8x cost) or 3 (27x)");
   flags.AddString("assignment", &f.assignment, "ngp (default) or cic");
   flags.AddString("smoothing", &f.smoothing,
                   "truncation: auto (default, R = factor/k_nl(z)), 0 (none) or R in Mpc/h");

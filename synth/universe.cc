@@ -214,7 +214,8 @@ Status UniverseOptions::Validate() const {
                                   ": must be in (0, 1000)");
     }
     if (pm_mesh_factor < 1 || pm_mesh_factor > 3)
-      return InvalidArgumentError("pm mesh factor = " + Num(pm_mesh_factor) + ": must be 1, 2 or 3");
+      return InvalidArgumentError("pm mesh factor = " + Num(pm_mesh_factor) +
+                                  ": must be 1, 2 or 3");
     if (particles_per_side > 0 && particles_per_side != side) {
       return InvalidArgumentError("particles per side = " + Num(particles_per_side) +
                                   ": the particle mesh needs one particle per voxel (= side)");

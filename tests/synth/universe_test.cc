@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "synth/random.h"
@@ -26,6 +27,20 @@ std::unique_ptr<UniverseGenerator> MakeGenerator(UniverseOptions o) {
   auto g = UniverseGenerator::Create(o);
   EXPECT_TRUE(g.ok()) << g.status().ToString();
   return g.ok() ? std::move(g).value() : nullptr;
+}
+
+// A particle-mesh cube of (0.3, 0.8, 0.96), seed 5, sample 0: side^3 voxels of 1 Mpc/h at
+// `redshifts`, with `set` applied to the options (the one setting a test varies).
+Cube PmCube(int side, std::vector<double> redshifts,
+            const std::function<void(UniverseOptions&)>& set) {
+  UniverseOptions o;
+  o.side = side;
+  o.voxel_size = 1.0;
+  o.redshifts = std::move(redshifts);
+  set(o);
+  auto cube = MakeGenerator(o)->Generate(Make(0.3, 0.8, 0.96), 5, 0);
+  EXPECT_TRUE(cube.ok());
+  return std::move(cube).value();
 }
 
 double Variance(const int16_t* v, int64_t n) {
@@ -265,16 +280,8 @@ TEST(UniverseTest, ParticleMeshFollowsLinearTheoryOnLargeScalesAndGrowsSmallOnes
 // large scales and nearly the same small ones: the difference is a smoothing of the force on the
 // scale of two mesh cells.
 TEST(UniverseTest, ParticleMeshGradientsAgree) {
-  Cosmology c = Make(0.3, 0.8, 0.96);
-  auto run = [&](PmGradient gradient) {
-    UniverseOptions o;
-    o.side = 64;
-    o.voxel_size = 1.0;
-    o.redshifts = {0.0};
-    o.pm_gradient = gradient;
-    auto cube = MakeGenerator(o)->Generate(c, 5, 0);
-    EXPECT_TRUE(cube.ok());
-    return std::move(cube).value();
+  auto run = [](PmGradient gradient) {
+    return PmCube(64, {0.0}, [&](UniverseOptions& o) { o.pm_gradient = gradient; });
   };
   const Cube fd = run(PmGradient::kFiniteDifference), ik = run(PmGradient::kSpectral);
   EXPECT_NE(std::memcmp(fd.raw(), ik.raw(), fd.size_bytes()), 0);  // really two force laws
@@ -287,16 +294,8 @@ TEST(UniverseTest, ParticleMeshGradientsAgree) {
 // A force mesh twice as fine resolves haloes better: more small-scale power and more empty
 // voxels at z = 0, the same large scales.
 TEST(UniverseTest, FinerForceMeshSharpensSmallScales) {
-  Cosmology c = Make(0.3, 0.8, 0.96);
-  auto run = [&](int factor) {
-    UniverseOptions o;
-    o.side = 32;
-    o.voxel_size = 1.0;
-    o.redshifts = {0.0};
-    o.pm_mesh_factor = factor;
-    auto cube = MakeGenerator(o)->Generate(c, 5, 0);
-    EXPECT_TRUE(cube.ok());
-    return std::move(cube).value();
+  auto run = [](int factor) {
+    return PmCube(32, {0.0}, [&](UniverseOptions& o) { o.pm_mesh_factor = factor; });
   };
   const Cube coarse = run(1), fine = run(2);
   int64_t sum = 0, empty_coarse = 0, empty_fine = 0;
@@ -309,7 +308,7 @@ TEST(UniverseTest, FinerForceMeshSharpensSmallScales) {
   EXPECT_GT(empty_fine, empty_coarse);
   const PowerSpectrumBins pc = CountPower(coarse, 0, 32), pf = CountPower(fine, 0, 32);
   EXPECT_NEAR(pf.power[0] / pc.power[0], 1.0, 0.15);  // k = 0.2 h/Mpc
-  EXPECT_GT(pf.power[12], 1.1 * pc.power[12]);         // k = 2.5 h/Mpc
+  EXPECT_GT(pf.power[12], 1.1 * pc.power[12]);        // k = 2.5 h/Mpc
   UniverseOptions bad;
   bad.pm_mesh_factor = 4;
   EXPECT_FALSE(bad.Validate().ok());
@@ -344,23 +343,19 @@ TEST(UniverseTest, PmTimeNodesShareStepsByTheSpacingsVariable) {
   EXPECT_EQ(lin.front(), a_init);
   EXPECT_EQ(log.back(), 1.0);
   // Fewer steps than intervals: one per interval all the same.
-  EXPECT_EQ(PmTimeNodes(a_init, outs, 2, PmStepSpacing::kLogA), (std::vector<double>{0.1, 0.25, 0.4, 2.0 / 3.0, 1.0}));
+  EXPECT_EQ(PmTimeNodes(a_init, outs, 2, PmStepSpacing::kLogA),
+            (std::vector<double>{0.1, 0.25, 0.4, 2.0 / 3.0, 1.0}));
 }
 
 // Log spacing moves steps to early times (with the fine force mesh, where the steps matter): the
 // z = 3 channel gets more small-scale power (4 steps instead of 2), z = 0 less (2 steps from
 // z = 0.5 instead of 3); the mass and the large scales stay.
 TEST(UniverseTest, LogStepSpacingChangesTheEarlyChannel) {
-  Cosmology c = Make(0.3, 0.8, 0.96);
-  auto run = [&](PmStepSpacing spacing) {
-    UniverseOptions o;
-    o.side = 32;
-    o.voxel_size = 1.0;
-    o.pm_mesh_factor = 2;
-    o.pm_step_spacing = spacing;
-    auto cube = MakeGenerator(o)->Generate(c, 5, 0);
-    EXPECT_TRUE(cube.ok());
-    return std::move(cube).value();
+  auto run = [](PmStepSpacing spacing) {
+    return PmCube(32, DefaultRedshifts(), [&](UniverseOptions& o) {
+      o.pm_mesh_factor = 2;
+      o.pm_step_spacing = spacing;
+    });
   };
   const Cube lin = run(PmStepSpacing::kLinearA), log = run(PmStepSpacing::kLogA);
   const int64_t voxels = 32 * 32 * 32;
@@ -373,7 +368,7 @@ TEST(UniverseTest, LogStepSpacingChangesTheEarlyChannel) {
   EXPECT_GT(differ, voxels / 10);
   const PowerSpectrumBins pl = CountPower(lin, 3, 32), pg = CountPower(log, 3, 32);
   EXPECT_NEAR(pg.power[0] / pl.power[0], 1.0, 0.1);  // k = 0.2 h/Mpc
-  EXPECT_GT(pg.power[12], 1.01 * pl.power[12]);       // k = 2.5 h/Mpc: 4 steps to z = 3, not 2
+  EXPECT_GT(pg.power[12], 1.01 * pl.power[12]);      // k = 2.5 h/Mpc: 4 steps to z = 3, not 2
   // z = 0 after 2 steps from z = 0.5 instead of 3: less small-scale power.
   EXPECT_LT(CountPower(log, 0, 32).power[12], 0.95 * CountPower(lin, 0, 32).power[12]);
   EXPECT_TRUE(ParsePmStepSpacing("loga").ok());

@@ -99,8 +99,8 @@ struct Winograd {
   static bool Supports(const Conv3dShape& shape, Dt) { return WinogradConv3d::Supports(shape); }
   static bool Preferred(const Conv3dShape& shape, Dt dt) {
     return WinogradConv3d::Avx512MicroKernel() && WinogradConv3d::Supports(shape) &&
-           WinogradConv3d::FlopRatio(shape) >= kMinWinogradFlopRatio && WinogradConv3d::Tiles(shape) >= kMinWinogradTiles &&
-           (dt == Dt::f32 || !CpuHasAmx());
+           WinogradConv3d::FlopRatio(shape) >= kMinWinogradFlopRatio &&
+           WinogradConv3d::Tiles(shape) >= kMinWinogradTiles && (dt == Dt::f32 || !CpuHasAmx());
   }
   static std::unique_ptr<WinogradConv3d> Make(const Conv3dShape& shape, const ActivationLayout& src,
                                               const ActivationLayout& dst, Dt dt) {
