@@ -92,7 +92,7 @@ done
 (( side % BIN == 0 && side / BIN % SUB_SIDE == 0 )) ||
   { echo "fullres_study.sh: SUB_SIDE=$SUB_SIDE BIN=$BIN: BIN x SUB_SIDE does not divide the cube side $side" >&2; exit 2; }
 per_universe=$(( (side / BIN / SUB_SIDE) ** 3 ))
-# Pieces of larger parents for validation and part of training (PIECES_PARENT_SIDE).
+# Pieces of larger parents for validation, part of training and a second test set (PIECES_PARENT_SIDE).
 val_set=val; pieces_set=''; test_pieces_set=''; per_parent=0
 if (( PIECES_PARENT_SIDE > 0 )); then
   (( pieces == 1 )) && [ -z "$TRAIN_TWIN_ARGS" ] ||
