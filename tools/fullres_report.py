@@ -15,9 +15,10 @@
     fullres_report.py summary --dir OUT
         Writes OUT/report.md and OUT/report.json from OUT/study.json (settings), OUT/test/,
         OUT/test-pieces/ (when the study has test pieces) and OUT/robust/accuracy.json
-        (tools/accuracy_report.py on the held-out and the robustness universes), OUT/model_info.json and OUT/real_cubes.{md,json} (or OUT/real_cubes.md's skip
-        line): RMS of network, P(k) baseline and trivial predictor per parameter, the baseline /
-        network RMS ratio against the target 1.5 for Omega_M and sigma_8, the MLPerf metric (MAE
+        (tools/accuracy_report.py on the held-out and the robustness universes),
+        OUT/model_info.json and OUT/real_cubes.{md,json} (or OUT/real_cubes.md's skip line):
+        RMS of network, P(k) baseline and trivial predictor per parameter, the baseline / network
+        RMS ratio against the target 1.5 for Omega_M and sigma_8, the MLPerf metric (MAE
         on unit-range labels over all four parameters, target 0.124), the calibration summary
         (68.3% / 95.4% coverage overall and per tercile), then the served model, then the real cubes.
 Exit status 0 done, 1 an input missing or unusable (one line on stderr).
@@ -212,10 +213,11 @@ def summary(args):
     if pp:
         twin_note += (f" The validation universes are {side}^3 pieces of {pp}^3 parents (each with its own mean density, as "
                       f"the real cubes have), and {study.get('n_train_pieces', 0)} such pieces join the training "
-                      f"universes; the baseline is fitted on the periodic ones only.")
+                      f"universes; the baseline of the periodic sets is fitted on the periodic ones only.")
         if study.get("n_test_pieces", 0):
             twin_note += (f" A second test set holds {study['n_test_pieces']} such pieces of other parents, the kind of "
-                          f"universe the served sigma is calibrated for.")
+                          f"universe the served sigma is calibrated for, read by a baseline fitted on every training "
+                          f"universe.")
     bn = study.get("bn_statistics_batches", 0)
     bn_note = f", batch_norm statistics recomputed from {bn} training batches at each epoch end" if bn else ""
     lines = ["# Full-resolution study", "",
