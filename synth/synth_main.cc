@@ -50,8 +50,8 @@ std::string Provenance(const SynthOptions& o) {
                ? " pm_steps=" + std::to_string(uo.pm_steps) +
                      " pm_initial_redshift=" + std::to_string(uo.pm_initial_redshift) +
                      " pm_gradient=" + PmGradientName(uo.pm_gradient) +
-                     " pm_step_spacing=" + PmStepSpacingName(uo.pm_step_spacing) +
-                     " pm_mesh=" + std::to_string(uo.pm_mesh_factor)
+                     " pm_step_spacing=" + PmStepSpacingName(uo.pm_step_spacing) + " pm_scheme=" +
+                     PmSchemeName(uo.pm_scheme) + " pm_mesh=" + std::to_string(uo.pm_mesh_factor)
                : std::string())
        << " smoothing="
        << (uo.smoothing < 0 ? "auto(" + std::to_string(uo.NlFactor()) + "/k_nl(z))"

@@ -24,7 +24,8 @@ constexpr char kUsage[] =
 struct RawFlags {
   std::string out, redshifts = "0,0.5,1.5,3", ranges, omega_m, sigma_8, n_s, h0, transfer = "eh98",
                    displacement = "pm", assignment = "ngp", pm_gradient = "fd4",
-                   pm_step_spacing = "a", smoothing = "auto", prefix = "synth", preset;
+                   pm_step_spacing = "a", pm_scheme = "pm", smoothing = "auto", prefix = "synth",
+                   preset;
   int64_t samples = 1, side = 128, particles = 0, seed = 0, first_index = 0, samples_per_shard = 64,
           threads = 0, compress = 0, pm_steps = 10, threads_per_cube = 1, pm_mesh = 1;
   double voxel_size = 1.0, omega_b = 0.045, h = 0.703, smoothing_factor = 0, pm_z_init = 9;
@@ -69,6 +70,9 @@ void AddFlags(FlagParser& flags, RawFlags& f) {
                   "(spectral, 2 more FFTs per step)");
   flags.AddString("pm-step-spacing", &f.pm_step_spacing,
                   "particle-mesh steps even in a (default) or in loga (more steps at early times)");
+  flags.AddString("pm-scheme", &f.pm_scheme,
+                  "particle-mesh integration: pm (default, kick-drift-kick of the particles) or "
+                  "cola (of their residual from 2LPT, as pyCOLA)");
   flags.AddInt(
       "pm-mesh", &f.pm_mesh,
       "particle-mesh force cells per voxel along each axis: 1 (default), 2 (8x cost) or 3 (27x)");
@@ -150,6 +154,9 @@ Status SetUniverse(const RawFlags& f, UniverseOptions& uo) {
   auto spacing = ParsePmStepSpacing(f.pm_step_spacing);
   if (!spacing.ok()) return spacing.status().WithContext("--pm-step-spacing");
   uo.pm_step_spacing = *spacing;
+  auto scheme = ParsePmScheme(f.pm_scheme);
+  if (!scheme.ok()) return scheme.status().WithContext("--pm-scheme");
+  uo.pm_scheme = *scheme;
   auto assignment = ParseMassAssignment(f.assignment);
   if (!assignment.ok()) return assignment.status().WithContext("--assignment");
   uo.assignment = *assignment;
@@ -251,6 +258,7 @@ Status ApplyPreset(const FlagParser& flags, RawFlags& f) {
   set("pm-initial-redshift", &f.pm_z_init, 9.0);
   set("pm-gradient", &f.pm_gradient, std::string("fd4"));
   set("pm-step-spacing", &f.pm_step_spacing, std::string("a"));
+  set("pm-scheme", &f.pm_scheme, std::string("pm"));
   set("pm-mesh", &f.pm_mesh, int64_t{1});
   set("assignment", &f.assignment, std::string("ngp"));
   set("transfer", &f.transfer, std::string("eh98"));

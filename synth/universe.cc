@@ -180,6 +180,14 @@ StatusOr<PmStepSpacing> ParsePmStepSpacing(const std::string& name) {
   return InvalidArgumentError("pm step spacing '" + name + "' is not one of a, loga");
 }
 
+const char* PmSchemeName(PmScheme s) { return s == PmScheme::kCola ? "cola" : "pm"; }
+
+StatusOr<PmScheme> ParsePmScheme(const std::string& name) {
+  if (name == "pm") return PmScheme::kPm;
+  if (name == "cola") return PmScheme::kCola;
+  return InvalidArgumentError("pm scheme '" + name + "' is not one of pm, cola");
+}
+
 StatusOr<MassAssignment> ParseMassAssignment(const std::string& name) {
   if (name == "ngp") return MassAssignment::kNgp;
   if (name == "cic") return MassAssignment::kCic;
@@ -676,13 +684,32 @@ struct UniverseGenerator::Impl {
     return Status::Ok();
   }
 
+  // COLA's share of one kick-drift pass (zero in the plain scheme): the kick also adds
+  // -(lpt1 psi1 + lpt2 psi2), the 2LPT trajectory's own acceleration times the kick factor, so that
+  // mom holds the residual momentum; the drift also moves the particle along its 2LPT trajectory
+  // by dd1 psi1 + dd2 psi2.
+  struct ColaTerms {
+    double lpt1 = 0, lpt2 = 0, dd1 = 0, dd2 = 0;
+  };
+
   // One kick-drift pass: mom += kick * F(pos), F interpolated from the mesh with the CIC kernel
   // used for density (the same kernel both ways avoids self-forces); then pos += drift * mom,
-  // wrapped into [0, box). Fused because both are per particle: one pass over the arrays.
-  void KickDrift(double box, double kick, double drift) {
+  // wrapped into [0, box) (each with COLA's terms when `cola` is given). Fused because both are
+  // per particle: one pass over the arrays.
+  void KickDrift(double box, double kick, double drift, const ColaTerms* cola) {
+    if (cola != nullptr) return KickDriftPass<true>(box, kick, drift, *cola);
+    KickDriftPass<false>(box, kick, drift, ColaTerms{});
+  }
+
+  template <bool kCola>
+  void KickDriftPass(double box, double kick, double drift, const ColaTerms& cola) {
     StageTimer timer(Stage(UniverseGenerator::kKickDrift));
     const float inv_cell = static_cast<float>(g / box), fk = static_cast<float>(kick);
     const float fd = static_cast<float>(drift), fbox = static_cast<float>(box);
+    const float l1 = static_cast<float>(cola.lpt1), l2 = static_cast<float>(cola.lpt2);
+    const float d1 = static_cast<float>(cola.dd1), d2 = static_cast<float>(cola.dd2);
+    const float* __restrict s1[3] = {psi1[0].get(), psi1[1].get(), psi1[2].get()};
+    const float* __restrict s2[3] = {psi2[0].get(), psi2[1].get(), psi2[2].get()};
     const float* __restrict f = force.data();
     const int64_t particles = static_cast<int64_t>(real_size);
     float* __restrict mx = mom[0], * __restrict my = mom[1], * __restrict mz = mom[2];
@@ -716,12 +743,21 @@ struct UniverseGenerator::Impl {
           }
         }
       }
-      mx[p] += fk * ax;
-      my[p] += fk * ay;
-      mz[p] += fk * aw;
-      px[p] = wrap(px[p] + fd * mx[p]);
-      py[p] = wrap(py[p] + fd * my[p]);
-      pz[p] = wrap(pz[p] + fd * mz[p]);
+      if constexpr (kCola) {
+        mx[p] += fk * ax - (l1 * s1[0][p] + l2 * s2[0][p]);
+        my[p] += fk * ay - (l1 * s1[1][p] + l2 * s2[1][p]);
+        mz[p] += fk * aw - (l1 * s1[2][p] + l2 * s2[2][p]);
+        px[p] = wrap(px[p] + fd * mx[p] + (d1 * s1[0][p] + d2 * s2[0][p]));
+        py[p] = wrap(py[p] + fd * my[p] + (d1 * s1[1][p] + d2 * s2[1][p]));
+        pz[p] = wrap(pz[p] + fd * mz[p] + (d1 * s1[2][p] + d2 * s2[2][p]));
+      } else {
+        mx[p] += fk * ax;
+        my[p] += fk * ay;
+        mz[p] += fk * aw;
+        px[p] = wrap(px[p] + fd * mx[p]);
+        py[p] = wrap(py[p] + fd * my[p]);
+        pz[p] = wrap(pz[p] + fd * mz[p]);
+      }
     }
   }
 
@@ -916,6 +952,36 @@ struct PmClock {
     return a * a * a * E(a) * Deriv([this](double x) { return D2(x); }, a);
   }
   double Gf(double a) const { return 1.5 * om * D1(a) / a; }
+  // The plain scheme's factors: a kick of p from ai to af with the force at ac, a drift of x
+  // from ai to af with p at ac.
+  double Kick(double ai, double af, double ac) const { return (Gp(af) - Gp(ai)) / Gf(ac); }
+  double Drift(double ai, double af, double ac) const { return (D1(af) - D1(ai)) / Gp(ac); }
+
+  // COLA's (Tassev et al. 2013, appendix A.3, pyCOLA's n_cola = -2.5): over a step the residual
+  // momentum is taken to follow u(a) = a^n_cola, not to stay constant, which with few steps
+  // tracks the growth of the residual better. With Q(a) = a^3 E(a), dp/da = a^2 F / Q and
+  // dx/da = p / Q.
+  static constexpr double kNCola = -2.5;
+  static double U(double a) { return std::pow(a, kNCola); }
+  double Q(double a) const { return a * a * a * E(a); }
+  double ColaKick(double ai, double af, double ac) const {
+    return ac * ac / Q(ac) * (U(af) - U(ai)) / (kNCola * std::pow(ac, kNCola - 1));
+  }
+  double ColaDrift(double ai, double af, double ac) const {
+    constexpr int kPanels = 64;  // Simpson's rule; the integrand is smooth
+    const double h = (af - ai) / kPanels;
+    double sum = 0;
+    for (int i = 0; i <= kPanels; ++i) {
+      const double a = ai + i * h;
+      sum += (i == 0 || i == kPanels ? 1 : i % 2 ? 4 : 2) * U(a) / Q(a);
+    }
+    return sum * h / 3 / U(ac);
+  }
+  // The 2LPT trajectory x = q + D1 psi1 + D2 psi2 moves under the acceleration
+  // 1.5 Omega_M / a (D1 psi1 + (D2 - D1^2) psi2) (the growth equations of D1 and D2), in the
+  // units of the mesh force.
+  double LptForce1(double a) const { return 1.5 * om * D1(a) / a; }
+  double LptForce2(double a) const { return 1.5 * om * (D2(a) - D1(a) * D1(a)) / a; }
 };
 
 }  // namespace
@@ -927,7 +993,8 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   // 1.5 Omega_M delta / a,
   //   drift  x += p(a_mid) [D(a1) - D(a0)] / g_p(a_mid),
   //   kick   p += F(a_r) [g_p(a1) - g_p(a0)] / g_f(a_r),
-  // where a_r is the time at which F was computed. Initial conditions: 2LPT at z_init.
+  // where a_r is the time at which F was computed. Initial conditions: 2LPT at z_init. COLA
+  // (PmScheme::kCola) runs the same loop on the residual from 2LPT, with its own factors (PmClock).
   Impl& m = *impl_;
   const UniverseOptions& o = options_;
   const double om = cosmology.params().omega_m;
@@ -953,16 +1020,27 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
   std::vector<double> output_as;
   for (const auto& out : outputs) output_as.push_back(out.first);
   const std::vector<double> nodes = PmTimeNodes(a_init, output_as, o.pm_steps, o.pm_step_spacing);
-  m.StartParticles(box, t.D1(a_init), t.D2(a_init), t.Gp(a_init), t.Gp2(a_init));
+  // COLA's particles start on their 2LPT trajectories with no residual momentum.
+  const bool cola = o.pm_scheme == PmScheme::kCola;
+  m.StartParticles(box, t.D1(a_init), t.D2(a_init), cola ? 0 : t.Gp(a_init),
+                   cola ? 0 : t.Gp2(a_init));
   m.Forces(box, om, a_init, o.pm_gradient);
+  auto kick = [&](double ai, double af, double ac) {
+    return cola ? t.ColaKick(ai, af, ac) : t.Kick(ai, af, ac);
+  };
+  auto drift = [&](double ai, double af, double ac) {
+    return cola ? t.ColaDrift(ai, af, ac) : t.Drift(ai, af, ac);
+  };
   // Kick-drift-kick, with each step's closing half-kick merged into the next step's opening one:
   // both use the force at the shared node, so one pass over the particles does both.
   double carried_kick = 0;
   size_t next_output = 0;
   for (size_t s = 0; s + 1 < nodes.size(); ++s) {
     const double a0 = nodes[s], a1 = nodes[s + 1], am = 0.5 * (a0 + a1);
-    m.KickDrift(box, carried_kick + (t.Gp(am) - t.Gp(a0)) / t.Gf(a0),
-                (t.D1(a1) - t.D1(a0)) / t.Gp(am));
+    const double k = carried_kick + kick(a0, am, a0);
+    const Impl::ColaTerms terms{k * t.LptForce1(a0), k * t.LptForce2(a0), t.D1(a1) - t.D1(a0),
+                                t.D2(a1) - t.D2(a0)};
+    m.KickDrift(box, k, drift(a0, a1, am), cola ? &terms : nullptr);
     for (; next_output < outputs.size() && std::fabs(outputs[next_output].first - a1) < 1e-9;
          ++next_output) {
       const int c = outputs[next_output].second;
@@ -971,7 +1049,7 @@ Status UniverseGenerator::ParticleMesh(const Cosmology& cosmology, uint64_t inde
     }
     if (s + 2 < nodes.size()) {  // the last node needs positions only
       m.Forces(box, om, a1, o.pm_gradient);
-      carried_kick = (t.Gp(a1) - t.Gp(am)) / t.Gf(a1);
+      carried_kick = kick(am, a1, a1);
     }
   }
   return Status::Ok();

@@ -56,6 +56,12 @@ enum class PmGradient { kFiniteDifference, kSpectral };
 // How the particle mesh spaces its time steps: evenly in the scale factor a, or evenly in ln a
 // (more steps at early times, where the high-redshift channels form).
 enum class PmStepSpacing { kLinearA, kLogA };
+// How the particle mesh integrates: plain kick-drift-kick of the particles (FastPM's factors), or
+// COLA (Tassev, Zaldarriaga & Eisenstein 2013, JCAP 06, 036), the scheme of pyCOLA, which made the
+// real CosmoFlow cubes: the steps integrate only each particle's residual from its 2LPT
+// trajectory, x = q + D1 psi1 + D2 psi2 + x_res, kicked by the force minus the 2LPT trajectory's
+// own acceleration, with pyCOLA's time-stepping ansatz (n_cola = -2.5).
+enum class PmScheme { kPm, kCola };
 
 const char* DisplacementName(Displacement d);      // "za", "2lpt", "pm"
 const char* MassAssignmentName(MassAssignment m);  // "ngp", "cic"
@@ -65,6 +71,8 @@ const char* PmGradientName(PmGradient g);  // "fd4", "ik"
 StatusOr<PmGradient> ParsePmGradient(const std::string& name);
 const char* PmStepSpacingName(PmStepSpacing s);  // "a", "loga"
 StatusOr<PmStepSpacing> ParsePmStepSpacing(const std::string& name);
+const char* PmSchemeName(PmScheme s);  // "pm", "cola"
+StatusOr<PmScheme> ParsePmScheme(const std::string& name);
 
 // The particle-mesh time nodes (scale factors) from a_init to the last of `output_as` (sorted,
 // all > a_init), pm_steps steps in all: every output is a node, the steps are shared among the
@@ -105,6 +113,7 @@ struct UniverseOptions {
   double pm_initial_redshift = 9.0;
   PmGradient pm_gradient = PmGradient::kFiniteDifference;
   PmStepSpacing pm_step_spacing = PmStepSpacing::kLinearA;
+  PmScheme pm_scheme = PmScheme::kPm;
   // Force mesh cells per particle-grid cell along each axis: 1 (the default), 2 (8x the mesh
   // cells: forces resolved to ~1 cell of the output grid instead of ~2-3, at ~8x the mesh cost) or
   // 3 (27x: the mesh COLA codes commonly run, 3x the particle grid).

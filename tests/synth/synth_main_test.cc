@@ -122,6 +122,7 @@ TEST(SynthCliTest, MlperfPresetHasThePriorAndGeometryAndYieldsToFlags) {
   EXPECT_NE(info.provenance.find("preset: mlperf"), std::string::npos);
   EXPECT_NE(info.provenance.find("pm_steps=2"), std::string::npos);
   EXPECT_NE(info.provenance.find("pm_step_spacing=a"), std::string::npos);
+  EXPECT_NE(info.provenance.find("pm_scheme=pm"), std::string::npos);
   auto params = (*r)->ReadAllParams();
   auto box = (*r)->ReadSampleField(kSampleBoxSize);
   ASSERT_TRUE(params.ok() && box.ok());
@@ -184,6 +185,7 @@ TEST(SynthCliTest, BadFlagsGiveOneLineAndStatus2) {
       {"--out X --displacement nbody", "displacement"},
       {"--out X --pm-step-spacing log",
        "--pm-step-spacing: pm step spacing 'log' is not one of a, loga"},
+      {"--out X --pm-scheme fastpm", "--pm-scheme: pm scheme 'fastpm' is not one of pm, cola"},
       {"--out X --samples", "needs a value"},
       {"--out X --omega-b 0.5", "Omega_b"},
       {"--out X --h0 80:60", "H0 range"},

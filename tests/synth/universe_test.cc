@@ -375,6 +375,34 @@ TEST(UniverseTest, LogStepSpacingChangesTheEarlyChannel) {
   EXPECT_FALSE(ParsePmStepSpacing("log").ok());
 }
 
+// COLA integrates each particle's residual from its 2LPT trajectory: with many steps it converges
+// to the plain particle mesh (the same N-body problem), and with few it keeps the small-scale power
+// that the plain scheme's few steps lose.
+TEST(UniverseTest, ColaConvergesToTheParticleMeshAndKeepsSmallScalesInFewSteps) {
+  auto run = [](PmScheme scheme, int steps) {
+    return PmCube(64, {0.0}, [&](UniverseOptions& o) {
+      o.pm_scheme = scheme;
+      o.pm_steps = steps;
+    });
+  };
+  const Cube ref = run(PmScheme::kPm, 40), cola40 = run(PmScheme::kCola, 40);
+  const Cube pm4 = run(PmScheme::kPm, 4), cola4 = run(PmScheme::kCola, 4);
+  int64_t sum = 0;
+  for (int64_t v = 0; v < cola40.shape().voxels(); ++v) sum += cola40.int16_data()[v];
+  EXPECT_EQ(sum, 64 * 64 * 64);  // mass conserved
+  const PowerSpectrumBins pr = CountPower(ref, 0, 64), pc40 = CountPower(cola40, 0, 64);
+  const PowerSpectrumBins pp4 = CountPower(pm4, 0, 64), pc4 = CountPower(cola4, 0, 64);
+  for (size_t b = 0; b < pr.k.size() && pr.k[b] < 2.0; ++b) {
+    EXPECT_NEAR(pc40.power[b] / pr.power[b], 1.0, 0.02) << "40 steps, k = " << pr.k[b];
+    if (pr.k[b] > 1.0) {  // 4 steps: COLA within 8% where the plain scheme loses 15-25%
+      EXPECT_NEAR(pc4.power[b] / pr.power[b], 1.0, 0.08) << "4 steps, k = " << pr.k[b];
+      EXPECT_LT(pp4.power[b], 0.9 * pr.power[b]) << "k = " << pr.k[b];
+    }
+  }
+  EXPECT_EQ(ParsePmScheme("cola").value(), PmScheme::kCola);
+  EXPECT_FALSE(ParsePmScheme("fastpm").ok());
+}
+
 TEST(UniverseTest, SecondOrderChangesButDoesNotDominate) {
   UniverseOptions o;
   o.side = 32;
