@@ -111,10 +111,10 @@ else
     (( ${!v} == 0 )) || { echo "fullres_study.sh: $v=${!v} needs PIECES_PARENT_SIDE" >&2; exit 2; }
   done
 fi
-# The sets the server reads are named val, test, test-pieces and robust; data_of gives each one's data.
-test_more=''; [ -n "$test_pieces_set" ] && test_more=test-pieces
-test_sets="test $test_more"
-data_of() { case $1 in val) echo "$val_set" ;; test-pieces) echo "$test_pieces_set" ;; *) echo "$1" ;; esac; }
+# The sets the server reads, by name, and each one's data; the test sets and robust are reported.
+declare -A data_of=([val]=$val_set [test]=test [robust]=robust)
+[ -n "$test_pieces_set" ] && data_of[test-pieces]=$test_pieces_set
+reported=(test ${test_pieces_set:+test-pieces} robust)
 # Sub-cube sets are named by their cutting (e.g. test-sub32, test-sub32-bin2): data reused from a
 # run with other SUB_SIDE or BIN are never taken for this one's.
 sub=sub$SUB_SIDE; (( BIN > 1 )) && sub+=-bin$BIN
@@ -288,16 +288,16 @@ trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do [ -s "$out/grpc.port" ] && break; sleep 0.2; done
 [ -s "$out/grpc.port" ] || { echo "fullres_study.sh: the server never listened: $(tail -3 "$out/server.log")" >&2; exit 1; }
 addr=127.0.0.1:$(cat "$out/grpc.port")
-for set in val $test_sets robust; do
-  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/$(data_of "$set")-$sub" --out "$out/pred_$set.csv"
+for set in val "${reported[@]}"; do
+  $py "$here/tools/predict_dataset.py" --address "$addr" --data "$out/data/${data_of[$set]}-$sub" --out "$out/pred_$set.csv"
 done
 # rho (the correlation between one universe's sub-cube errors) is fitted on the validation
 # universes only; the test, robustness and real cubes use that value.
 $py "$here/tools/average_subcubes.py" --pred "$out/pred_test.csv" --data "$out/data/test-$sub" \
   --out "$out/universes_test.csv" --combine "fit:$out/pred_val.csv,$out/data/$val_set-$sub"
 rho=$($py -c "import csv,sys; print(next(csv.DictReader(open(sys.argv[1])))['combine'].split('rho=')[1])" "$out/universes_test.csv")
-for set in val $test_more robust; do
-  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/$(data_of "$set")-$sub" \
+for set in val "${reported[@]:1}"; do  # every set but test, averaged above
+  $py "$here/tools/average_subcubes.py" --pred "$out/pred_$set.csv" --data "$out/data/${data_of[$set]}-$sub" \
     --out "$out/universes_$set.csv" --combine "rho:$rho"
 done
 echo "   rho = $rho (fitted on the $N_VAL validation universes)"
@@ -360,7 +360,7 @@ read -r mean < <($py -c "
 import glob, h5py, numpy as np
 p = np.concatenate([h5py.File(f)['params'][:] for f in sorted(glob.glob('$out/data/$train_set/*.h5'))])
 print(','.join(f'{v:.6f}' for v in p.mean(0)))")
-for set in $test_sets robust; do
+for set in "${reported[@]}"; do
   $py "$here/tools/accuracy_report.py" --network "$out/universes_$set.csv" --network-val "$out/universes_val.csv" \
     --baseline "$out/pk_$set.csv" --train-mean "$mean" --prior "$PRIOR" --trivial-ratio-targets none \
     --out "$out/$set" > /dev/null
