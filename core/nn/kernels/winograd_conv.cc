@@ -243,10 +243,18 @@ void MatMul(int rows, int cols, int kc, const float* a, int64_t ar, int64_t ak, 
   for (int j = 0; j < cols; j += 16 * kMaxVectors) {
     const int nv = std::min(kMaxVectors, (cols - j) / 16);
     int r = 0;
-    for (; r + kRows <= rows; r += kRows) {
-      BlockOfVectors<kRows>(nv, a + r * ar, ar, ak, b + j, ldb, kc, c + r * ldc + j, ldc, accumulate);
-    }
-    for (; r < rows; ++r) BlockOfVectors<1>(nv, a + r * ar, ar, ak, b + j, ldb, kc, c + r * ldc + j, ldc, accumulate);
+    // Whole register blocks, then the remainder (the weight gradient's rows are 16 or 32 channels)
+    // in blocks of 4, 2 and 1.
+    auto blocks_of = [&](auto block_rows) {
+      constexpr int R = decltype(block_rows)::value;
+      for (; r + R <= rows; r += R) {
+        BlockOfVectors<R>(nv, a + r * ar, ar, ak, b + j, ldb, kc, c + r * ldc + j, ldc, accumulate);
+      }
+    };
+    blocks_of(std::integral_constant<int, kRows>{});
+    blocks_of(std::integral_constant<int, 4>{});
+    blocks_of(std::integral_constant<int, 2>{});
+    blocks_of(std::integral_constant<int, 1>{});
   }
 }
 
