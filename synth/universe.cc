@@ -684,7 +684,7 @@ struct UniverseGenerator::Impl {
     return Status::Ok();
   }
 
-  // COLA's share of one kick-drift pass (zero in the plain scheme): the kick also adds
+  // COLA's share of one kick-drift pass (the plain scheme has none): the kick also adds
   // -(lpt1 psi1 + lpt2 psi2), the 2LPT trajectory's own acceleration times the kick factor, so that
   // mom holds the residual momentum; the drift also moves the particle along its 2LPT trajectory
   // by dd1 psi1 + dd2 psi2.
