@@ -53,8 +53,8 @@ class WinogradConv3d {
   // Direct flops / the Winograd path's multiply-add flops (transforms included): the rule's measure.
   static double FlopRatio(const Conv3dShape& s);
   // Whether this build's per-point products run the AVX-512 micro-kernel (6 rows x 64 filters from
-  // registers). Without AVX-512 (an AVX2 build) they run 4 x 16, and sc18's convs take 1.5x the
-  // time of oneDNN's AVX2 direct kernels (docs/benchmarks.md): the rule then leaves Winograd out.
+  // registers). Without AVX-512 (an AVX2 build) they run 6 x 16, and sc18's 4^3 convs still run
+  // slower than oneDNN's AVX2 direct kernels (docs/benchmarks.md): the rule then leaves Winograd out.
   static bool Avx512MicroKernel();
 
   enum class Io { kF32, kBf16 };  // the element type of src, dst and diff_dst

@@ -14,9 +14,9 @@
 // AVX512-BF16 direct kernels run at about twice the fp32 FMA peak, and Winograd's fp32 arithmetic
 // with a flop ratio >= 3 still wins (sc18's conv1 and conv2 on a Zen 4, docs/benchmarks.md); on
 // AMX oneDNN's tiles run several times faster than that. In a build without AVX-512 the rule never
-// takes Winograd: its narrower micro-kernel there runs sc18's convs 1.5x slower than oneDNN's AVX2
-// direct kernels (measured on a Zen 4 held to AVX2, docs/benchmarks.md); forcing or measurement
-// still can.
+// takes Winograd: its narrower micro-kernel there runs sc18's 4^3 convs forward at 0.6-0.75x the
+// speed of oneDNN's AVX2 direct kernels (measured on a Zen 4 held to AVX2, docs/benchmarks.md);
+// forcing or measurement still can.
 // FFT runs only when forced ("conv.fwd=fft", ...) or chosen by measurement: it loses every pass.
 #include <memory>
 #include <optional>
