@@ -29,9 +29,11 @@
 #   second test set of such pieces (other parents), where the served sigma, calibrated on pieces,
 #   applies; a second baseline fit, on every training universe (pieces included), reads it. The
 #   counts are multiples of the pieces per parent.
-#   TRAIN_TWIN_ARGS=<synth flags>: every training universe is generated a second time with these
-#   flags added (the same seed, so the same cosmology and initial phases; e.g. "--pm-mesh 1", the
-#   other force resolution) and the network and the baseline train on both: 2 x N_TRAIN universes.
+#   TRAIN_TWIN_ARGS=<synth flags>: every periodic training universe is generated a second time
+#   with these flags added (the same seed, so the same cosmology and initial phases; e.g.
+#   "--pm-mesh 1", the other force resolution, or "--pm-scheme pm", the other integrator) and the
+#   network and the baseline train on both: 2 x N_TRAIN universes (with N_TRAIN_PIECES pieces
+#   beside them, which have no twins).
 # Data already complete in OUT_DIR/data is reused, and an interrupted training with the same
 # settings resumes where it stopped. Progress (stage, elapsed, estimate, ETA) goes
 # to stdout; the programs' own progress lines to stderr.
@@ -95,8 +97,8 @@ per_universe=$(( (side / BIN / SUB_SIDE) ** 3 ))
 # Pieces of larger parents for validation, part of training and a second test set (PIECES_PARENT_SIDE).
 val_set=val; pieces_set=''; test_pieces_set=''; per_parent=0
 if (( PIECES_PARENT_SIDE > 0 )); then
-  (( pieces == 1 )) && [ -z "$TRAIN_TWIN_ARGS" ] ||
-    { echo "fullres_study.sh: PIECES_PARENT_SIDE goes with periodic universes only, not with CUBE_SIDE or TRAIN_TWIN_ARGS" >&2; exit 2; }
+  (( pieces == 1 )) ||
+    { echo "fullres_study.sh: PIECES_PARENT_SIDE goes with periodic universes only, not with CUBE_SIDE" >&2; exit 2; }
   (( PIECES_PARENT_SIDE > side && PIECES_PARENT_SIDE % side == 0 )) ||
     { echo "fullres_study.sh: PIECES_PARENT_SIDE=$PIECES_PARENT_SIDE: expected a multiple of the cube side $side above it" >&2; exit 2; }
   per_parent=$(( (PIECES_PARENT_SIDE / side) ** 3 ))
@@ -135,17 +137,17 @@ mesh_cost() {  # a universe's generation time with synth flags $1, in preset uni
 }
 synth_factor=$(mesh_cost "$SYNTH_ARGS")
 robust_factor=$(mesh_cost "$SYNTH_ARGS $ROBUST_ARGS")
-# The training set: N_TRAIN universes, or twice that with their twins (TRAIN_TWIN_ARGS), or with
-# pieces beside them; extra_synth is what these (and pieces for validation and test) add to the
-# generation's estimate.
-train_set=train; n_train_all=$N_TRAIN; extra_synth=0
+# The training set: N_TRAIN universes, with their twins (TRAIN_TWIN_ARGS) and/or pieces beside
+# them; periodic_set is its periodic part (the P(k) baseline's fit). extra_synth is what twins and
+# pieces (for validation and test too) add to the generation's estimate.
+train_set=train; periodic_set=train; n_train_all=$N_TRAIN; extra_synth=0
 if [ -n "$TRAIN_TWIN_ARGS" ]; then
-  train_set=train+twin; n_train_all=$((2 * N_TRAIN))
+  train_set=train+twin; periodic_set=train+twin; n_train_all=$((2 * N_TRAIN))
   extra_synth=$(( 1000 * $(mesh_cost "$SYNTH_ARGS $TRAIN_TWIN_ARGS") * N_TRAIN ))
 fi
 if (( PIECES_PARENT_SIDE > 0 )); then  # a piece costs about 1.5 periodic universes of its side
-  (( N_TRAIN_PIECES == 0 )) || { train_set=train+p$PIECES_PARENT_SIDE; n_train_all=$((N_TRAIN + N_TRAIN_PIECES)); }
-  extra_synth=$(( synth_factor * (1500 * (N_TRAIN_PIECES + N_TEST_PIECES) + 500 * N_VAL) ))
+  (( N_TRAIN_PIECES == 0 )) || { train_set+=+p$PIECES_PARENT_SIDE; n_train_all=$((n_train_all + N_TRAIN_PIECES)); }
+  extra_synth=$(( extra_synth + synth_factor * (1500 * (N_TRAIN_PIECES + N_TEST_PIECES) + 500 * N_VAL) ))
 fi
 n_served=$(( N_VAL + N_TEST + N_TEST_PIECES + N_ROBUST ))  # universes the server reads
 sub_total=$(( (n_train_all + n_served) * per_universe ))
@@ -173,7 +175,7 @@ stage() {  # the next stage: its name, elapsed time, its estimate and the run's 
 total=0; for e in "${est[@]}"; do total=$((total + e)); done
 train_note=''; [ -n "$TRAIN_TWIN_ARGS" ] && train_note=" (training twice: also with $TRAIN_TWIN_ARGS)"
 (( PIECES_PARENT_SIDE > 0 )) &&
-  train_note=" + $N_TRAIN_PIECES train and $N_TEST_PIECES test pieces of ${PIECES_PARENT_SIDE}^3 parents, validation on such pieces"
+  train_note+=" + $N_TRAIN_PIECES train and $N_TEST_PIECES test pieces of ${PIECES_PARENT_SIDE}^3 parents, validation on such pieces"
 echo "fullres_study.sh: $out: $N_TRAIN/$N_VAL/$N_TEST universes$train_note + $N_ROBUST robustness ($ROBUST_ARGS), ${side}^3 (bin $BIN) -> $per_universe sub-cubes of ${SUB_SIDE}^3 each ($sub_total in all), $MEMBERS member(s) x $EPOCHS epochs, $PRECISION; estimate $(fmt "$total") on 2 idle cores"
 # Disk: each universe once whole and once as sub-cubes (int16, 4 channels), and the comparison's
 # universes at the real cubes' parameters.
@@ -203,7 +205,8 @@ gen() {  # set seed count extra-args...: into a temporary directory, renamed whe
   mv "$out/data/$set.tmp" "$out/data/$set"
   echo "   $set: $n universes after $(fmt $(( $(date +%s) - t0 )))"
 }
-link_sets() {  # merged a b: one directory of both sets' files, linked under distinct names
+link_sets() {  # merged a b: one directory of both sets' files, linked under distinct names (a set
+               # that is itself merged keeps its links' targets)
   local merged=$1 a=$2 b=$3 f
   [ -d "$out/data/$merged" ] && return
   rm -rf "$out/data/$merged.tmp"; mkdir "$out/data/$merged.tmp"
@@ -212,20 +215,20 @@ link_sets() {  # merged a b: one directory of both sets' files, linked under dis
   mv "$out/data/$merged.tmp" "$out/data/$merged"
 }
 gen train 21 "$N_TRAIN"; gen test 23 "$N_TEST"
+if [ -n "$TRAIN_TWIN_ARGS" ]; then
+  # shellcheck disable=SC2086
+  gen train-twin 21 "$N_TRAIN" $TRAIN_TWIN_ARGS
+  link_sets "$periodic_set" train train-twin
+fi
 if (( PIECES_PARENT_SIDE > 0 )); then
   gen_parent=$PIECES_PARENT_SIDE gen "$val_set" 22 "$N_VAL"
   if (( N_TRAIN_PIECES > 0 )); then
     gen_parent=$PIECES_PARENT_SIDE gen "$pieces_set" 25 "$N_TRAIN_PIECES"
-    link_sets "$train_set" train "$pieces_set"
+    link_sets "$train_set" "$periodic_set" "$pieces_set"
   fi
   (( N_TEST_PIECES == 0 )) || gen_parent=$PIECES_PARENT_SIDE gen "$test_pieces_set" 26 "$N_TEST_PIECES"
 else
   gen val 22 "$N_VAL"
-fi
-if [ -n "$TRAIN_TWIN_ARGS" ]; then
-  # shellcheck disable=SC2086
-  gen train-twin 21 "$N_TRAIN" $TRAIN_TWIN_ARGS
-  link_sets "$train_set" train train-twin
 fi
 # shellcheck disable=SC2086
 gen robust 24 "$N_ROBUST" $ROBUST_ARGS
@@ -241,8 +244,7 @@ done
 
 # ---- 3. the P(k) baseline on the full cubes: per-redshift spectra and their cross-spectra.
 stage "P(k) baseline (ridge on per-redshift P(k) and cross-spectra of the full ${side}^3 cubes)"
-pk_train=$train_set; (( PIECES_PARENT_SIDE > 0 )) && pk_train=train  # its spectra assume periodic boxes
-$py "$here/tools/pk_baseline.py" --train "$out/data/$pk_train" --test "$out/data/test" "$out/data/robust" \
+$py "$here/tools/pk_baseline.py" --train "$out/data/$periodic_set" --test "$out/data/test" "$out/data/robust" \
   --out "$out/pk_test.csv" "$out/pk_robust.csv" --cross --workers 2 --save-model "$out/pk_fit.npz"
 # The test pieces against a fit that has seen pieces: every training universe, pieces included.
 [ -z "$test_pieces_set" ] || $py "$here/tools/pk_baseline.py" --train "$out/data/$train_set" \

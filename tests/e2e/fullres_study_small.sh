@@ -79,8 +79,8 @@ assert "also generated with `--pm-mesh 2`" in open(f"{out}/report.md").read()
 PY
 
 # Periodic training universes with pieces beside them (PIECES_PARENT_SIDE): 32^3 periodic
-# universes, and 32^3 pieces of 64^3 parents for validation, as extra training universes and as a
-# second test set.
+# universes and their twins evolved by the other integrator (TRAIN_TWIN_ARGS), and 32^3 pieces of
+# 64^3 parents for validation, as extra training universes and as a second test set.
 set +e
 err=$(SYNTH_ARGS="--side 32" PIECES_PARENT_SIDE=48 BUILD_DIR="$build" bash "$here/tools/fullres_study.sh" "$work/bad" 2>&1 >/dev/null); rc=$?
 set -e
@@ -92,7 +92,7 @@ err=$(SYNTH_ARGS="--side 32" N_TEST_PIECES=8 BUILD_DIR="$build" bash "$here/tool
 set -e
 [ "$rc" = 2 ] && [[ "$err" == *"N_TEST_PIECES=8 needs PIECES_PARENT_SIDE"* ]] || fail "N_TEST_PIECES alone exited $rc: $err"
 mixed=$work/mixed
-env BUILD_DIR="$build" SYNTH_ARGS="--side 32" PIECES_PARENT_SIDE=64 N_TRAIN=8 N_TRAIN_PIECES=8 N_VAL=8 N_TEST=8 N_TEST_PIECES=8 \
+env BUILD_DIR="$build" SYNTH_ARGS="--side 32" TRAIN_TWIN_ARGS="--pm-scheme cola" PIECES_PARENT_SIDE=64 N_TRAIN=8 N_TRAIN_PIECES=8 N_VAL=8 N_TEST=8 N_TEST_PIECES=8 \
   N_ROBUST=8 MEMBERS=1 EPOCHS=1 BATCH=4 MSE_WARMUP_EPOCHS=1 NET_COMPARE_MEMBERS=0 REAL_DIR="$work/no-such-dir" \
   bash "$here/tools/fullres_study.sh" "$mixed" > "$work/stdout-mixed.txt" 2> "$work/stderr-mixed.txt" ||
   { cat "$work/stderr-mixed.txt" >&2; fail "the run with pieces failed"; }
@@ -106,13 +106,16 @@ mean_counts = lambda s: load(s, "cubes").reshape(8, 4, -1).mean(axis=2)
 for s in ("val-p64", "train-p64", "test-p64"):  # pieces: their own mean densities, the parent's particles all kept
     m = mean_counts(s)
     assert m.std(axis=0).min() > 1e-3 and np.allclose(m.mean(axis=0), 1.0), (s, m)
-for s in ("train", "test", "robust"):  # periodic: one particle per voxel
+for s in ("train", "train-twin", "test", "robust"):  # periodic: one particle per voxel
     assert np.allclose(mean_counts(s), 1.0), s
-assert load("train+p64", "params").shape == (16, 4) and load("train+p64-sub32", "params").shape == (16, 4)
+# The twins: the same cosmologies and phases, another integrator.
+assert np.array_equal(load("train", "params"), load("train-twin", "params"))
+assert not np.array_equal(load("train", "cubes"), load("train-twin", "cubes"))
+assert load("train+twin+p64", "params").shape == (24, 4) and load("train+twin+p64-sub32", "params").shape == (24, 4)
 assert np.array_equal(load("val-p64", "params"), load("val-p64-sub32", "params"))
 study = json.load(open(f"{out}/study.json"))
 assert study["pieces_parent_side"] == 64 and study["n_train_pieces"] == 8 and study["side"] == 32, study
-assert study["n_test_pieces"] == 8, study
+assert study["n_test_pieces"] == 8 and study["train_twin_args"] == "--pm-scheme cola", study
 # Validation and the second test set are the pieces: their served predictions are those of
 # val-p64 and test-p64, and the test pieces have their own report beside the periodic one.
 for name, data in (("val", "val-p64"), ("test-pieces", "test-p64")):
@@ -126,10 +129,10 @@ report = open(f"{out}/report.md").read()
 assert "pieces of 64^3 parents" in report and "### Test pieces (32^3 of 64^3 parents" in report, report
 assert json.load(open(f"{out}/report.json"))["sets"]["test_pieces"]["universes"] == 8
 PY
-grep -q "pk_baseline.py: 8 train / 8 test cubes" "$work/stderr-mixed.txt" ||
-  fail "the baseline was not fitted on the 8 periodic training universes alone"
-grep -q "pk_baseline.py: 16 train / 8 test cubes.*pk_test-pieces.csv" "$work/stderr-mixed.txt" ||
-  fail "the baseline of the test pieces was not fitted on all 16 training universes, pieces included"
+grep -q "pk_baseline.py: 16 train / 8 test cubes" "$work/stderr-mixed.txt" ||
+  fail "the baseline was not fitted on the 16 periodic training universes (twins included) alone"
+grep -q "pk_baseline.py: 24 train / 8 test cubes.*pk_test-pieces.csv" "$work/stderr-mixed.txt" ||
+  fail "the baseline of the test pieces was not fitted on all 24 training universes, pieces included"
 
 out=$work/run
 toy=(BUILD_DIR="$build" N_TRAIN=6 N_VAL=3 N_TEST=3 N_ROBUST=3 MEMBERS=2 EPOCHS=2 MSE_WARMUP_EPOCHS=1 NET_COMPARE_MEMBERS=8)
