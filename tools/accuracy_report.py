@@ -104,6 +104,9 @@ def calibration(names, true, mean, cov, prior, val_true, val_mean):
                  "curve": [cal.coverage(u, q) for q in CURVE_LEVELS]}
         for what, key in (("true", true[:, j]), ("sigma", sigma[:, j])):
             entry["terciles_" + what] = [{str(q): cal.coverage(u[idx], q) for q in cal.LEVELS} for idx in terciles(key)]
+        if np.isfinite(lo) and np.isfinite(hi):  # the labels are drawn flat over the prior
+            best = cal.flat_prior_terciles(rms / ((hi - lo) / np.sqrt(12)))
+            entry["exact_posterior_terciles_true"] = [{str(q): best[q][i] for q in cal.LEVELS} for i in range(3)]
         out["params"][n] = entry
     if all(n in names for n in JOINT):
         idx = [names.index(n) for n in JOINT]
@@ -162,6 +165,12 @@ def calibration_markdown(title, c, factors=None):
                      f"{t('terciles_sigma', 0.683)} | {t('terciles_true', 0.954)} | {t('terciles_sigma', 0.954)} | "
                      f"{e['z_mean']:+.3f} | {e['z_std']:.3f} | {e['mean_sigma']:.4f} | {e['rms']:.4f} | "
                      f"{e['mean_sigma'] / e['rms']:.3f} | {e['nll']:.3f} | {e['nll_constant']:.3f} |")
+    best = {n: e["exact_posterior_terciles_true"] for n, e in c["params"].items() if "exact_posterior_terciles_true" in e}
+    if best:
+        lines += ["", "What the exact posterior of a flat prior reaches by true-value tercile at each parameter's "
+                      "information level (its RMS error over the prior's standard deviation; 68.3% / 95.4%): " +
+                  "; ".join(f"{n} " + " / ".join(f"{t['0.683']:.2f}" for t in b) + ", " +
+                            " / ".join(f"{t['0.954']:.2f}" for t in b) for n, b in best.items()) + "."]
     if "joint" in c:
         j = c["joint"]
         lines += ["", f"Joint ({', '.join(j['params'])}) ellipse coverage: 68.3%: {j['coverage']['0.683']:.3f}, "

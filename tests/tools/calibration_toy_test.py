@@ -9,7 +9,9 @@ tools/accuracy_report.py):
   the claimed one (b = 0.5 within 0.03), and its calibrated 68.3% coverage is right in every
   tercile of sigma, where the plain factor's is not;
 - the report on toy CSVs says "met" for a calibrated heteroscedastic toy and "missed" for one whose
-  sigma is 1.5x too small.
+  sigma is 1.5x too small, and gives what the exact posterior reaches per true-value tercile;
+- that reach (flat prior, Gaussian likelihood) agrees with a posterior computed on a grid within
+  0.02, is the level in every tercile with much information, and 0.52 / 1.00 / 0.52 with none.
 Usage: calibration_toy_test.py WORK_DIR
 """
 import json
@@ -137,6 +139,10 @@ def report(work):
     bad = results["too_narrow"]
     check(bad["params"]["Omega_M"]["coverage"]["0.683"] < 0.55, f"too-narrow toy covers {bad['params']['Omega_M']}")
     check(not all(t["met"] for t in bad["targets"]), "the too-narrow toy meets every target")
+    best = results["calibrated"]["params"]["n_s"]["exact_posterior_terciles_true"]
+    check(len(best) == 3 and all(0.5 < t["0.683"] <= 1 for t in best), f"exact-posterior reach: {best}")
+    check("What the exact posterior of a flat prior reaches" in open(os.path.join(work, "calibrated", "accuracy.md")).read(),
+          "the report does not give the exact posterior's reach")
     z = bad["params"]["sigma_8"]["z_std"]
     check(abs(z - 1.5) < 0.1, f"too-narrow toy: z spread {z}, expected 1.5")
 
@@ -173,6 +179,31 @@ def joint():
           "joint toy: no block when every prior is narrow")
 
 
+def exact_posterior():
+    for r in (0.05, 0.3):
+        for q, t in cal.flat_prior_terciles(r).items():
+            check(all(abs(c - q) < 0.02 for c in t), f"exact posterior at information {r}: {t} for {q}")
+    t = cal.flat_prior_terciles(1.0)[0.683]
+    outer = (0.683 - 1 / 3) / (2 / 3)  # a fixed central interval of the prior
+    check(abs(t[0] - outer) < 0.015 and abs(t[2] - outer) < 0.015 and t[1] > 0.99, f"no information: {t}")
+    # Independently: the posterior on a grid, its mean's RMS and its central intervals' coverage.
+    n, tau = 20000, 0.8
+    theta = np.sort(rng.uniform(-1, 1, n))
+    x = theta + tau * rng.standard_normal(n)
+    grid = np.linspace(-1, 1, 801)
+    post = np.exp(-0.5 * ((x[:, None] - grid[None, :]) / tau) ** 2)
+    post /= post.sum(axis=1, keepdims=True)
+    ratio = np.sqrt(np.mean((post @ grid - theta) ** 2)) * math.sqrt(3)
+    cdf = np.cumsum(post, axis=1)
+    reach = cal.flat_prior_terciles(ratio)
+    for q in cal.LEVELS:
+        lo = grid[np.argmax(cdf >= 0.5 - q / 2, axis=1)]
+        hi = grid[np.argmax(cdf >= 0.5 + q / 2, axis=1)]
+        inside = (theta >= lo) & (theta <= hi)
+        got = [inside[idx].mean() for idx in np.array_split(np.arange(n), 3)]
+        check(all(abs(a - b) < 0.02 for a, b in zip(got, reach[q])), f"grid posterior {got} vs {reach[q]} at {q}")
+
+
 if __name__ == "__main__":
     work = sys.argv[1]
     shutil.rmtree(work, ignore_errors=True)
@@ -181,5 +212,6 @@ if __name__ == "__main__":
     ellipse()
     power()
     joint()
+    exact_posterior()
     report(work)
     print("calibration_toy_test: ok")
