@@ -3,6 +3,10 @@
 Posteriors are Gaussian (mean, sigma per parameter; covariance for joint regions), truncated to the
 prior range [low, high] where a parameter's interval is meant: for n_s the posterior is close to
 its flat prior, and an untruncated Gaussian would put probability outside what the data can be.
+The truncated posterior of a served (mean, sigma) is the Gaussian of scale sigma whose truncation
+has that mean (`location`): the served mean is a posterior mean, already pulled inside the prior,
+and centring the Gaussian on it would pull it a second time (the exact posterior of a flat prior
+and a Gaussian likelihood is centred on the likelihood's peak, outside the posterior mean).
 The sigma-factor fit is the same as core/nn/uncertainty.cc's FitSigmaScale (truncated-Gaussian
 maximum likelihood over log c), so the study can recalibrate a predictor the server does not
 serve (the symmetry mixture) the way the trainer calibrates the served one.
@@ -15,13 +19,72 @@ from scipy.special import ndtr, ndtri
 LEVELS = (0.683, 0.954)  # the 1- and 2-sigma central intervals
 
 
+LOCATION_REACH = 30.0  # the location is searched within this many sigmas outside the prior
+
+
+def _mass(a, b):
+    """The standard normal's mass in [a, b], from the tail that keeps its digits (a > 0: the
+    upper one, mirrored)."""
+    upper = a > 0
+    return ndtr(np.where(upper, -a, b)) - ndtr(np.where(upper, -b, a))
+
+
+def _fraction(t, a, b):
+    """The standard normal's mass in [a, t] over its mass in [a, b] (a <= t <= b)."""
+    return _mass(a, t) / np.maximum(_mass(a, b), 1e-300)
+
+
+def _quantile(p, a, b):
+    """The t in [a, b] with _fraction(t, a, b) = p."""
+    qa, qb = ndtr(-a), ndtr(-b)
+    return np.where(a > 0, -ndtri(qa - p * (qa - qb)), ndtri(ndtr(a) + p * (ndtr(b) - ndtr(a))))
+
+
+def truncated_mean(loc, sigma, low, high):
+    """Mean of N(loc, sigma^2) truncated to [low, high]."""
+    a, b = (low - loc) / sigma, (high - loc) / sigma
+    mass = np.maximum(_mass(a, b), 1e-300)
+    return loc + sigma * (np.exp(-0.5 * a * a) - np.exp(-0.5 * b * b)) / math.sqrt(2 * math.pi) / mass
+
+
+def location(mean, sigma, low=-np.inf, high=np.inf):
+    """The location of the Gaussian of scale sigma whose truncation to [low, high] has mean `mean`
+    (core/nn/uncertainty.cc's TruncatedLocation): the mean itself without a prior or 8 sigmas from
+    both ends; otherwise a bisection within LOCATION_REACH sigmas of the prior (the truncated mean
+    rises with the location). A mean outside the prior takes the nearest end of that range."""
+    mean, sigma = np.broadcast_arrays(np.asarray(mean, dtype=float), np.asarray(sigma, dtype=float))
+    loc = mean.copy()
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return loc
+    near = (mean - low < 8 * sigma) | (high - mean < 8 * sigma)
+    if not near.any():
+        return loc
+    m, s = mean[near], sigma[near]
+    lo, hi = low - LOCATION_REACH * s, high + LOCATION_REACH * s
+    x = np.clip(m, lo, hi)
+    for _ in range(100):  # Newton steps kept inside the bracket (else its midpoint)
+        a, b = (low - x) / s, (high - x) / s
+        mass = np.maximum(_mass(a, b), 1e-300)
+        pa, pb = np.exp(-0.5 * a * a) / math.sqrt(2 * math.pi), np.exp(-0.5 * b * b) / math.sqrt(2 * math.pi)
+        shift = (pa - pb) / mass
+        f = x + s * shift - m
+        slope = 1 + (a * pa - b * pb) / mass - shift * shift  # d(truncated mean) / d(location)
+        lo, hi = np.where(f < 0, x, lo), np.where(f < 0, hi, x)
+        step = x - f / np.maximum(slope, 1e-12)
+        x = np.where((step > lo) & (step < hi), step, 0.5 * (lo + hi))
+        if np.all((np.abs(f) <= 1e-10 * (high - low)) | (hi - lo <= 1e-10 * (high - low))):
+            break
+    loc[near] = x
+    return loc
+
+
 def pit(truth, mean, sigma, low=-np.inf, high=np.inf):
-    """Probability integral transform: the truth's CDF value under N(mean, sigma^2) truncated to
-    [low, high]; clipped to [0, 1] (a truth just outside an estimated prior is outside every
-    interval)."""
-    a, b = ndtr((low - mean) / sigma), ndtr((high - mean) / sigma)
-    u = (ndtr((truth - mean) / sigma) - a) / np.maximum(b - a, 1e-300)
-    return np.clip(u, 0.0, 1.0)
+    """Probability integral transform: the truth's CDF value under the truncated posterior of
+    (mean, sigma) (`location`); clipped to [0, 1] (a truth just outside an estimated prior is
+    outside every interval)."""
+    loc = location(mean, sigma, low, high)
+    a, b = (low - loc) / sigma, (high - loc) / sigma
+    return np.clip(_fraction(np.clip((truth - loc) / sigma, a, b), a, b), 0.0, 1.0)
 
 
 def coverage(u, level):
@@ -30,11 +93,13 @@ def coverage(u, level):
 
 
 def truncated_nll(truth, mean, sigma, low=-np.inf, high=np.inf):
-    """Mean negative log-likelihood (with the constant) under the truncated Gaussian."""
-    z = (truth - mean) / sigma
+    """Mean negative log-likelihood (with the constant) under the truncated posterior of
+    (mean, sigma) (`location`)."""
+    loc = location(mean, sigma, low, high)
+    z = (truth - loc) / sigma
     nll = 0.5 * z * z + np.log(sigma) + 0.5 * math.log(2 * math.pi)
     if np.isfinite(low) or np.isfinite(high):
-        mass = ndtr((high - mean) / sigma) - ndtr((low - mean) / sigma)
+        mass = _mass((low - loc) / sigma, (high - loc) / sigma)
         nll = nll + np.log(np.maximum(mass, 1e-300))
     return float(np.mean(nll))
 
@@ -178,11 +243,9 @@ def flat_prior_terciles(info_ratio, levels=LEVELS, n=60000, seed=0):
     eps = rng.standard_normal(n)
     sd = 1 / math.sqrt(3)  # the prior's, on [-1, 1]
 
-    def posterior(tau):  # the likelihood's peak x and the posterior mean (truncated Gaussian's)
+    def posterior(tau):  # the likelihood's peak x and the posterior mean
         x = theta + tau * eps
-        a, b = (-1 - x) / tau, (1 - x) / tau
-        mass = np.maximum(ndtr(b) - ndtr(a), 1e-300)
-        return x, x + tau * (np.exp(-a * a / 2) - np.exp(-b * b / 2)) / math.sqrt(2 * math.pi) / mass
+        return x, truncated_mean(x, tau, -1.0, 1.0)
 
     ratio = lambda tau: float(np.sqrt(np.mean((posterior(tau)[1] - theta) ** 2)) / sd)  # noqa: E731
     if info_ratio >= ratio(1e4):
@@ -193,14 +256,13 @@ def flat_prior_terciles(info_ratio, levels=LEVELS, n=60000, seed=0):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if ratio(math.exp(mid)) < info_ratio else (lo, mid)
         tau = math.exp((lo + hi) / 2)
-    u = pit(theta, posterior(tau)[0], np.full(n, tau), -1.0, 1.0)
+    u = pit(theta, posterior(tau)[1], np.full(n, tau), -1.0, 1.0)  # served as (posterior mean, tau)
     thirds = np.array_split(np.arange(n), 3)
     return {q: [coverage(u[idx], q) for idx in thirds] for q in levels}
 
 
 def interval(mean, sigma, low, high, level):
-    """The central `level` interval of the truncated Gaussian (for error bars)."""
-    a, b = ndtr((low - mean) / sigma), ndtr((high - mean) / sigma)
-    lo = mean + sigma * ndtri(a + (b - a) * (0.5 - level / 2))
-    hi = mean + sigma * ndtri(a + (b - a) * (0.5 + level / 2))
-    return lo, hi
+    """The central `level` interval of the truncated posterior (`location`; for error bars)."""
+    loc = location(mean, sigma, low, high)
+    a, b = (low - loc) / sigma, (high - loc) / sigma
+    return loc + sigma * _quantile(0.5 - level / 2, a, b), loc + sigma * _quantile(0.5 + level / 2, a, b)

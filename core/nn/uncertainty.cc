@@ -17,8 +17,10 @@ double NormalMassBetween(double a, double b) {
   return 0.5 * (std::erfc(-b * kInvSqrt2) - std::erfc(-a * kInvSqrt2));
 }
 
-// Mean negative log-likelihood (without the constant) of the truths under N(mean, (c sigma)^2)
-// truncated to [low, high].
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+
+// Mean negative log-likelihood (without the constant) of the truths under the truncated
+// posteriors of (mean, c sigma) on [low, high] (TruncatedLocation).
 double TruncatedNll(const double* truth, const double* mean, const double* sigma, int64_t n,
                     double low, double high, double log_c) {
   const double c = std::exp(log_c);
@@ -26,11 +28,11 @@ double TruncatedNll(const double* truth, const double* mean, const double* sigma
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double s = c * sigma[i];
-    const double z = (truth[i] - mean[i]) / s;
+    const double loc = TruncatedLocation(mean[i], s, low, high);
+    const double z = (truth[i] - loc) / s;
     sum += std::log(s) + 0.5 * z * z;
     if (bounded)
-      sum +=
-          std::log(std::max(1e-300, NormalMassBetween((low - mean[i]) / s, (high - mean[i]) / s)));
+      sum += std::log(std::max(1e-300, NormalMassBetween((low - loc) / s, (high - loc) / s)));
   }
   return sum / static_cast<double>(n);
 }
@@ -51,6 +53,31 @@ double GoldenMinimum(const F& f, double a, double b) {
 }
 
 }  // namespace
+
+double TruncatedLocation(double mean, double sigma, double low, double high) {
+  if (!std::isfinite(low) || !std::isfinite(high)) return mean;
+  if (mean - low >= 8 * sigma && high - mean >= 8 * sigma) return mean;
+  const double tol = 1e-10 * (high - low);
+  double lo = low - kLocationReach * sigma, hi = high + kLocationReach * sigma;
+  double x = std::min(hi, std::max(lo, mean));
+  // Newton steps on the truncated mean (its slope in the location is the truncated variance over
+  // sigma^2, in (0, 1]), kept inside the bracket, else its midpoint.
+  for (int it = 0; it < 100; ++it) {
+    const double a = (low - x) / sigma, b = (high - x) / sigma;
+    const double mass = std::max(1e-300, NormalMassBetween(a, b));
+    const double pa = kInvSqrt2Pi * std::exp(-0.5 * a * a);
+    const double pb = kInvSqrt2Pi * std::exp(-0.5 * b * b);
+    const double shift = (pa - pb) / mass;
+    const double f = x + sigma * shift - mean;
+    if (std::abs(f) <= tol) break;
+    (f < 0 ? lo : hi) = x;
+    if (hi - lo <= tol) break;
+    const double slope = 1 + (a * pa - b * pb) / mass - shift * shift;
+    const double step = x - f / std::max(slope, 1e-12);
+    x = step > lo && step < hi ? step : 0.5 * (lo + hi);
+  }
+  return x;
+}
 
 void PrecisionCholesky(UncertaintyHead head, int p, const float* raw, double* l) {
   std::fill(l, l + p * p, 0.0);

@@ -16,6 +16,21 @@
 namespace cosmoflow {
 namespace {
 
+// The mean of N(loc, s^2) truncated to [low, high], by Simpson's rule (independent of the
+// closed form TruncatedLocation inverts).
+double TruncatedMeanByQuadrature(double loc, double s, double low, double high) {
+  constexpr int kIntervals = 4000;
+  const double h = (high - low) / kIntervals;
+  const double peak = (std::min(high, std::max(low, loc)) - loc) / s;  // the largest density's z
+  double mass = 0, first = 0;
+  for (int i = 0; i <= kIntervals; ++i) {
+    const double x = low + i * h, z = (x - loc) / s;
+    const double w = (i == 0 || i == kIntervals ? 1 : i % 2 ? 4 : 2) * std::exp(0.5 * (peak * peak - z * z));
+    mass += w, first += w * x;
+  }
+  return first / mass;
+}
+
 ModelSpec TinyWithHead(UncertaintyHead head) {
   ModelSpec s = *BuiltinSpec("tiny32");
   s.uncertainty = head;
@@ -303,17 +318,41 @@ TEST(CalibrationTest, RecoversTheNoiseLevelOfAMiscalibratedToy) {
 // Truncated toy: truths from N(mean, (k sigma)^2) truncated to the prior [0, 1], with means near
 // the edges, where truncation matters. The truncated fit recovers k (4% tolerance); the untruncated
 // formula on the same data misses it by more than that, which is why the fit knows the prior.
+TEST(CalibrationTest, TruncatedLocationInvertsTheTruncatedMean) {
+  for (double s : {0.05, 0.3, 1.0, 3.0}) {
+    for (double loc : {-3.0, -1.2, -0.97, -0.5, 0.0, 0.7, 1.5}) {
+      if (std::abs(loc) - 1.0 > kLocationReach * s) continue;  // out of reach: below
+      const double m = TruncatedMeanByQuadrature(loc, s, -1.0, 1.0);
+      const double got = TruncatedLocation(m, s, -1.0, 1.0);
+      EXPECT_NEAR(TruncatedMeanByQuadrature(got, s, -1.0, 1.0), m, 1e-7) << "s " << s << " loc " << loc;
+      if (s <= 1.0) {  // the truncated mean moves with the location
+        EXPECT_NEAR(got, loc, 1e-4) << "s " << s;
+      }
+    }
+  }
+  EXPECT_EQ(TruncatedLocation(0.3, 0.01, -1.0, 1.0), 0.3);  // 8 sigmas inside both ends
+  EXPECT_EQ(TruncatedLocation(0.99, 0.5, -INFINITY, INFINITY), 0.99);
+  // Out of reach (a mean outside the prior): the nearest end of the search range.
+  EXPECT_NEAR(TruncatedLocation(1.5, 0.1, -1.0, 1.0), 1.0 + kLocationReach * 0.1, 1e-9);
+  EXPECT_NEAR(TruncatedLocation(-1.5, 0.1, -1.0, 1.0), -1.0 - kLocationReach * 0.1, 1e-9);
+}
+
 TEST(CalibrationTest, TruncatedFitRecoversTheNoiseLevelNearThePriorEdges) {
   std::mt19937_64 rng(4);
   std::normal_distribution<double> n01(0.0, 1.0);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   const int64_t n = 20000;
   const double k = 1.5;
+  // Truths from N(loc, (k sigma)^2) truncated to [0, 1], loc near an edge; served as that
+  // posterior's mean with a sigma k times too small.
+  const double served[2] = {TruncatedMeanByQuadrature(0.05, k * 0.2, 0.0, 1.0),
+                            TruncatedMeanByQuadrature(0.95, k * 0.2, 0.0, 1.0)};
   std::vector<double> truth(n), mean(n), sigma(n, 0.2);
   for (int64_t i = 0; i < n; ++i) {
-    mean[i] = u(rng) < 0.5 ? 0.05 : 0.95;
+    const int edge = u(rng) < 0.5 ? 0 : 1;
+    mean[i] = served[edge];
     double t;
-    do t = mean[i] + k * sigma[i] * n01(rng);
+    do t = (edge ? 0.95 : 0.05) + k * sigma[i] * n01(rng);
     while (t < 0.0 || t > 1.0);
     truth[i] = t;
   }
@@ -324,6 +363,26 @@ TEST(CalibrationTest, TruncatedFitRecoversTheNoiseLevelNearThePriorEdges) {
       FitSigmaScale(truth.data(), mean.data(), sigma.data(), n, -INFINITY, INFINITY, "toy");
   ASSERT_TRUE(naive.ok());
   EXPECT_GT(std::abs(*naive - k), 0.04 * k) << "the toy does not exercise truncation";
+}
+
+// A parameter the data measure weakly: truths flat in [-1, 1], a Gaussian likelihood of width 0.5,
+// served as the exact posterior's mean (pulled towards the middle) with a sigma claimed half the
+// width. The fit recovers the width (its spread over seeds is 1.6% at this n): the truncated
+// posterior of (mean, 0.5) is the exact one.
+TEST(CalibrationTest, TruncatedFitRecoversTheLikelihoodWidthOfAFlatPrior) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  const int64_t n = 20000;
+  const double tau = 0.5;
+  std::vector<double> truth(n), mean(n), sigma(n, tau / 2);
+  for (int64_t i = 0; i < n; ++i) {
+    truth[i] = u(rng);
+    mean[i] = TruncatedMeanByQuadrature(truth[i] + tau * n01(rng), tau, -1.0, 1.0);
+  }
+  auto c = FitSigmaScale(truth.data(), mean.data(), sigma.data(), n, -1.0, 1.0, "toy");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_NEAR(*c, 2.0, 0.1);
 }
 
 TEST(CalibrationTest, FitCalibrationPerOutputAndBadInput) {
@@ -388,9 +447,11 @@ double TruncatedNllReference(const std::vector<double>& t, const std::vector<dou
                              const std::vector<double>& s, double low, double high) {
   double sum = 0;
   for (size_t i = 0; i < t.size(); ++i) {
-    const double z = (t[i] - m[i]) / s[i];
-    const double mass = 0.5 * (std::erfc(-(high - m[i]) / s[i] / std::sqrt(2.0)) -
-                               std::erfc(-(low - m[i]) / s[i] / std::sqrt(2.0)));
+    const double loc = TruncatedLocation(m[i], s[i], low, high);
+    const double z = (t[i] - loc) / s[i];
+    const double a = (low - loc) / s[i] / std::sqrt(2.0), b = (high - loc) / s[i] / std::sqrt(2.0);
+    // The tail that keeps its digits: locations far outside the prior have masses near 1e-200.
+    const double mass = a > 0 ? 0.5 * (std::erfc(a) - std::erfc(b)) : 0.5 * (std::erfc(-b) - std::erfc(-a));
     sum += std::log(s[i]) + 0.5 * z * z + std::log(mass);
   }
   return sum / double(t.size());
@@ -405,8 +466,10 @@ TEST(CalibrationTest, PowerFitWithAPriorIsAsGoodAsABruteForce) {
   const int64_t n = 3000;
   std::vector<double> truth, mean, sigma;
   while (int64_t(truth.size()) < n) {  // wide sigmas against a prior of [-1, 1]: truncation matters
-    const double sg = std::exp(logu(rng)), m = u(rng), t = m + 0.7 * std::pow(sg, 0.6) * n01(rng);
+    const double sg = std::exp(logu(rng)), loc = u(rng), width = 0.7 * std::pow(sg, 0.6);
+    const double t = loc + width * n01(rng);
     if (t < -1.0 || t > 1.0) continue;
+    const double m = TruncatedMeanByQuadrature(loc, width, -1.0, 1.0);  // the served mean
     truth.push_back(t), mean.push_back(m), sigma.push_back(sg);
   }
   auto fit = FitSigmaPower(truth.data(), mean.data(), sigma.data(), n, -1.0, 1.0, "toy");

@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 import numpy as np
+from scipy.special import ndtr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
@@ -58,11 +59,13 @@ def fits():
         for q in cal.LEVELS:
             tol = 3 * np.sqrt(q * (1 - q) / N)
             check(abs(cal.coverage(u, q) - q) < tol, f"recalibrated coverage {cal.coverage(u, q)} for {q}")
-    # Truncated: means near the prior's edges, where truncation matters.
+    # Truncated: locations near the prior's edges, where truncation matters; the served mean is the
+    # truncated posterior's mean.
     k, low, high = 1.5, 0.0, 1.0
-    mean = np.where(rng.uniform(size=N) < 0.5, 0.05, 0.95)
+    loc = np.where(rng.uniform(size=N) < 0.5, 0.05, 0.95)
     sigma = np.full(N, 0.2)
-    truth = truncated_draws(mean, k * sigma, low, high)
+    truth = truncated_draws(loc, k * sigma, low, high)
+    mean = cal.truncated_mean(loc, k * sigma, low, high)
     c = cal.fit_sigma_scale(truth, mean, sigma, low, high)
     check(abs(c - k) < 0.04 * k, f"truncated toy k={k}: fitted {c}")
     u = cal.pit(truth, mean, c * sigma, low, high)
@@ -71,6 +74,31 @@ def fits():
         check(abs(cal.coverage(u, q) - q) < tol, f"truncated recalibrated coverage {cal.coverage(u, q)} for {q}")
     naive = cal.fit_sigma_scale(truth, mean, sigma)
     check(abs(naive - k) > 0.04 * k, "the truncated toy does not exercise truncation")
+    flat_prior()
+
+
+def flat_prior():
+    """A parameter the data measure weakly: truths flat in [-1, 1], a Gaussian likelihood of width
+    0.5, served as the exact posterior's mean with a sigma claimed half the width. The fit finds
+    the width (its spread over seeds is 1.6% at this N) and the truncated posterior covers each
+    level; a Gaussian centred on the served mean (pulling it inside the prior a second time),
+    with its own likeliest width, does not."""
+    tau, low, high = 0.5, -1.0, 1.0
+    theta = rng.uniform(low, high, N)
+    mean = cal.truncated_mean(theta + tau * rng.standard_normal(N), tau, low, high)
+    c = cal.fit_sigma_scale(theta, mean, np.full(N, tau / 2), low, high)
+    check(abs(c - 2) < 0.08, f"flat-prior toy: fitted {c}, want 2")
+    u = cal.pit(theta, mean, np.full(N, c * tau / 2), low, high)
+    for q in cal.LEVELS:
+        tol = 3 * np.sqrt(q * (1 - q) / N)
+        check(abs(cal.coverage(u, q) - q) < tol, f"flat-prior toy: coverage {cal.coverage(u, q)} for {q}")
+    def centred(w):  # the PIT and NLL of a Gaussian of width w centred on the served mean
+        a, b = ndtr((low - mean) / w), ndtr((high - mean) / w)
+        z = (theta - mean) / w
+        return (ndtr(z) - a) / (b - a), np.mean(0.5 * z * z + np.log(w) + np.log(b - a))
+    w = min(np.linspace(0.2, 5, 97) * tau, key=lambda w: centred(w)[1])  # its likeliest width
+    got = cal.coverage(centred(w)[0], 0.683)
+    check(got < 0.683 - 4 * np.sqrt(0.683 * 0.317 / N), f"flat-prior toy: a centred Gaussian covers {got}")
 
 
 def ellipse():
