@@ -6,7 +6,9 @@
 //   bench_synth [--cubes N] [--side S] [--repeats R] [--data DIR] [--settings mlperf,pm,za,2lpt]
 //
 // The `mlperf` setting is `synth --preset mlperf` (parsed by the same code as the program), with
-// parameters drawn from its prior; the others use the default ranges and h.
+// parameters drawn from its prior; `mlperf-cola` adds `--pm-scheme cola`, `mlperf-cola-mesh2`
+// also `--pm-mesh 2` (the full-resolution study's generator). The others use the default ranges
+// and h.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -92,20 +94,29 @@ struct Setting {
   CosmologyParams base;
 };
 
+// The MLPerf preset as `synth --preset mlperf <extra>` parses it (the same code as the program).
+StatusOr<Setting> MlperfSetting(const std::string& name, int side, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"synth", "--preset", "mlperf", "--out", "unused.h5",
+                                   "--side", std::to_string(side)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  bool help = false;
+  CF_ASSIGN_OR_RETURN(SynthOptions o,
+                      ParseSynthOptions(static_cast<int>(argv.size()), argv.data(), &help));
+  return Setting{name, o.universe, o.ranges, o.base};
+}
+
 StatusOr<Setting> MakeSetting(const std::string& name, int side) {
-  Setting s;
-  if (name == "mlperf") {
-    const std::string side_text = std::to_string(side);
-    const char* argv[] = {"synth",     "--preset", "mlperf",         "--out",
-                          "unused.h5", "--side",   side_text.c_str()};
-    bool help = false;
-    CF_ASSIGN_OR_RETURN(SynthOptions o, ParseSynthOptions(7, const_cast<char**>(argv), &help));
-    s.name = "mlperf preset (pm 10 steps, H0 prior)";
-    s.universe = o.universe;
-    s.ranges = o.ranges;
-    s.base = o.base;
-    return s;
+  if (name == "mlperf") return MlperfSetting("mlperf preset (pm 10 steps, H0 prior)", side, {});
+  if (name == "mlperf-cola") {
+    return MlperfSetting("mlperf preset, pyCOLA integrator", side, {"--pm-scheme", "cola"});
   }
+  if (name == "mlperf-cola-mesh2") {
+    return MlperfSetting("mlperf preset, cola, force mesh 2", side,
+                         {"--pm-scheme", "cola", "--pm-mesh", "2"});
+  }
+  Setting s;
   s.universe.side = side;
   s.universe.smoothing = -1;
   if (name == "pm") {
@@ -118,7 +129,8 @@ StatusOr<Setting> MakeSetting(const std::string& name, int side) {
     s.name = "2lpt, auto truncation";
     s.universe.displacement = Displacement::k2Lpt;
   } else {
-    return InvalidArgumentError("unknown setting '" + name + "' (mlperf, pm, za, 2lpt)");
+    return InvalidArgumentError("unknown setting '" + name +
+                                "' (mlperf, mlperf-cola, mlperf-cola-mesh2, pm, za, 2lpt)");
   }
   return s;
 }
