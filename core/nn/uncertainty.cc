@@ -10,15 +10,6 @@ namespace {
 
 double Clamp(double v, double limit) { return std::min(limit, std::max(-limit, v)); }
 
-// Phi(b) - Phi(a) for a <= b, from the tail that keeps its digits.
-double NormalMassBetween(double a, double b) {
-  constexpr double kInvSqrt2 = 0.70710678118654752440;
-  if (a > 0) return 0.5 * (std::erfc(a * kInvSqrt2) - std::erfc(b * kInvSqrt2));
-  return 0.5 * (std::erfc(-b * kInvSqrt2) - std::erfc(-a * kInvSqrt2));
-}
-
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;
-
 // Mean negative log-likelihood (without the constant) of the truths under the truncated
 // posteriors of (mean, c sigma) on [low, high] (TruncatedLocation).
 double TruncatedNll(const double* truth, const double* mean, const double* sigma, int64_t n,
@@ -53,31 +44,6 @@ double GoldenMinimum(const F& f, double a, double b) {
 }
 
 }  // namespace
-
-double TruncatedLocation(double mean, double sigma, double low, double high) {
-  if (!std::isfinite(low) || !std::isfinite(high)) return mean;
-  if (mean - low >= 8 * sigma && high - mean >= 8 * sigma) return mean;
-  const double tol = 1e-10 * (high - low);
-  double lo = low - kLocationReach * sigma, hi = high + kLocationReach * sigma;
-  double x = std::min(hi, std::max(lo, mean));
-  // Newton steps on the truncated mean (its slope in the location is the truncated variance over
-  // sigma^2, in (0, 1]), kept inside the bracket, else its midpoint.
-  for (int it = 0; it < 100; ++it) {
-    const double a = (low - x) / sigma, b = (high - x) / sigma;
-    const double mass = std::max(1e-300, NormalMassBetween(a, b));
-    const double pa = kInvSqrt2Pi * std::exp(-0.5 * a * a);
-    const double pb = kInvSqrt2Pi * std::exp(-0.5 * b * b);
-    const double shift = (pa - pb) / mass;
-    const double f = x + sigma * shift - mean;
-    if (std::abs(f) <= tol) break;
-    (f < 0 ? lo : hi) = x;
-    if (hi - lo <= tol) break;
-    const double slope = 1 + (a * pa - b * pb) / mass - shift * shift;
-    const double step = x - f / std::max(slope, 1e-12);
-    x = step > lo && step < hi ? step : 0.5 * (lo + hi);
-  }
-  return x;
-}
 
 void PrecisionCholesky(UncertaintyHead head, int p, const float* raw, double* l) {
   std::fill(l, l + p * p, 0.0);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/base/status.h"
+#include "core/base/truncated_normal.h"
 #include "core/nn/spec.h"
 
 namespace cosmoflow {
@@ -77,16 +78,6 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& json, const ModelSp
 void ApplyCalibration(const Calibration& c, int p, double* cov);
 // Normalised -> physical: mean_i = offset_i + scale_i mean_i, cov_ij *= scale_i scale_j.
 void DenormalisePosterior(const ModelSpec& spec, double* mean, double* cov);
-
-// The truncated posterior of a served (mean, sigma) on the prior [low, high] is the Gaussian of
-// scale sigma whose truncation to the prior has that mean: the served mean is a posterior mean,
-// already pulled inside the prior, and a Gaussian centred on it would pull it a second time (the
-// exact posterior of a flat prior and a Gaussian likelihood is centred on the likelihood's peak).
-// Returns its location: `mean` itself without a finite prior or 8 sigmas inside both ends; else
-// found within kLocationReach sigmas beyond the prior (a mean that no location there reaches, as
-// one outside the prior, takes the nearest end). tools/calibration.py's location() is the same.
-inline constexpr double kLocationReach = 30.0;
-double TruncatedLocation(double mean, double sigma, double low, double high);
 
 // Fits one sigma factor: the c > 0 that maximises the likelihood of the truths under the
 // truncated posteriors of (mean, c sigma) on [low, high] (the prior), over n samples. Without a prior

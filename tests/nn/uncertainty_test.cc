@@ -337,6 +337,44 @@ TEST(CalibrationTest, TruncatedLocationInvertsTheTruncatedMean) {
   EXPECT_NEAR(TruncatedLocation(-1.5, 0.1, -1.0, 1.0), -1.0 - kLocationReach * 0.1, 1e-9);
 }
 
+// The truncated posterior's mass in [low, x], by Simpson quadrature of its density.
+double TruncatedMassByQuadrature(double loc, double s, double low, double high, double x) {
+  auto mass = [&](double to) {
+    constexpr int kIntervals = 4000;
+    const double h = (to - low) / kIntervals;
+    double sum = 0;
+    for (int i = 0; i <= kIntervals; ++i) {
+      const double z = (low + i * h - loc) / s;
+      sum += (i == 0 || i == kIntervals ? 1 : i % 2 ? 4 : 2) * std::exp(-0.5 * z * z);
+    }
+    return sum * h / 3;
+  };
+  return mass(x) / mass(high);
+}
+
+TEST(CalibrationTest, TruncatedIntervalHoldsItsLevelWithEqualTails) {
+  // Inside the prior, at an end, and a posterior wider than the prior (n_s's case).
+  for (double mean : {0.0, 0.7, -0.95}) {
+    for (double s : {0.05, 0.3, 1.5}) {
+      for (double level : {0.683, 0.954}) {
+        const Interval iv = TruncatedInterval(mean, s, -1.0, 1.0, level);
+        const double loc = TruncatedLocation(mean, s, -1.0, 1.0);
+        ASSERT_LE(-1.0, iv.low);
+        ASSERT_LT(iv.low, iv.high);
+        ASSERT_LE(iv.high, 1.0);
+        EXPECT_NEAR(TruncatedMassByQuadrature(loc, s, -1.0, 1.0, iv.low), 0.5 * (1 - level), 1e-6)
+            << "mean " << mean << " s " << s;
+        EXPECT_NEAR(TruncatedMassByQuadrature(loc, s, -1.0, 1.0, iv.high), 0.5 * (1 + level), 1e-6)
+            << "mean " << mean << " s " << s;
+      }
+    }
+  }
+  // Without a prior: the Gaussian's own interval, mean -+ 1.95996 sigma at 95%.
+  const Interval plain = TruncatedInterval(0.3, 0.01, -INFINITY, INFINITY, 0.95);
+  EXPECT_NEAR(plain.low, 0.3 - 1.959964 * 0.01, 1e-7);
+  EXPECT_NEAR(plain.high, 0.3 + 1.959964 * 0.01, 1e-7);
+}
+
 TEST(CalibrationTest, TruncatedFitRecoversTheNoiseLevelNearThePriorEdges) {
   std::mt19937_64 rng(4);
   std::normal_distribution<double> n01(0.0, 1.0);
