@@ -15,6 +15,7 @@
 
 #include "client/channel.h"
 #include "core/base/flags.h"
+#include "core/base/truncated_normal.h"
 #include "core/io/dataset.h"
 #include "core/io/npy.h"
 #include "proto/cosmoflow.grpc.pb.h"
@@ -161,11 +162,23 @@ std::string Format(double v) {
   return buf;
 }
 
-// "0.3012 ± 0.0061": sigma to two significant digits and the value to the same decimal place (the
-// digits beyond carry no information).
+std::string FormatFixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+  return buf;
+}
+
+constexpr double kLevel68 = 0.682689492137;  // the mass within one sigma of a Gaussian
+
+// The decimal place of sigma's second significant digit (the digits beyond carry no information).
+int SigmaDecimals(double sigma) {
+  return std::clamp(1 - int(std::floor(std::log10(sigma))), 0, 12);
+}
+
+// "0.3012 ± 0.0061": sigma to two significant digits and the value to the same decimal place.
 std::string FormatWithSigma(double value, double sigma) {
   if (!(sigma > 0) || !std::isfinite(sigma)) return Format(value);
-  const int decimals = std::clamp(1 - int(std::floor(std::log10(sigma))), 0, 12);
+  const int decimals = SigmaDecimals(sigma);
   char buf[96];
   std::snprintf(buf, sizeof(buf), "%.*f \u00b1 %.*f", decimals, value, decimals, sigma);
   return buf;
@@ -176,9 +189,28 @@ bool HasUncertainty(const v1::PredictResponse& r) {
          r.covariance_size() == r.parameters_size() * r.parameters_size();
 }
 
-// {"parameters", "units", "sigma", "covariance"}: sigma and covariance (rows in output order) are
-// null when the model has no uncertainty, never 0.
-void AddPrediction(const v1::PredictResponse& resp, nlohmann::ordered_json* j) {
+// Per parameter, the central 68.3% interval of the truncated posterior (TruncatedInterval on the
+// prior the model was calibrated on), which is what sigma means for a model with a prior: for a
+// parameter whose posterior fills its prior (n_s), value -+ sigma reaches beyond the prior. Empty
+// without uncertainty, without a prior, or when `info` describes another model version than the
+// one that answered.
+std::vector<Interval> PosteriorIntervals(const v1::PredictResponse& r, const v1::ModelInfo& info) {
+  const int n = r.parameters_size();
+  if (!HasUncertainty(r) || info.version() != r.model_version() || info.prior_low_size() != n ||
+      info.prior_high_size() != n)
+    return {};
+  std::vector<Interval> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back(TruncatedInterval(r.parameters(i).value(), r.parameters(i).sigma(),
+                                    info.prior_low(i), info.prior_high(i), kLevel68));
+  return out;
+}
+
+// {"parameters", "units", "sigma", "covariance", "interval_68"}: sigma and covariance (rows in
+// output order) are null when the model has no uncertainty, never 0; interval_68 ([low, high] by
+// name) is null without a prior.
+void AddPrediction(const v1::PredictResponse& resp, const std::vector<Interval>& intervals,
+                   nlohmann::ordered_json* j) {
   nlohmann::ordered_json params = nlohmann::ordered_json::object(),
                          units = nlohmann::ordered_json::object(), sigma = nullptr, cov = nullptr;
   for (const auto& p : resp.parameters()) {
@@ -198,14 +230,27 @@ void AddPrediction(const v1::PredictResponse& resp, nlohmann::ordered_json* j) {
   (*j)["units"] = units;
   (*j)["sigma"] = sigma;
   (*j)["covariance"] = cov;
+  nlohmann::ordered_json iv = nullptr;
+  for (size_t i = 0; i < intervals.size(); ++i)
+    iv[resp.parameters(int(i)).name()] = {intervals[i].low, intervals[i].high};
+  (*j)["interval_68"] = iv;
 }
 
-void PrintPredictionTable(const v1::PredictResponse& resp) {
+void PrintPredictionTable(const v1::PredictResponse& resp, const std::vector<Interval>& intervals) {
   const bool unc = HasUncertainty(resp);
-  std::printf("%-10s %-22s %s\n", "parameter", unc ? "value \u00b1 sigma" : "value", "unit");
-  for (const auto& p : resp.parameters()) {
+  std::printf("%-10s %-22s %s%s\n", "parameter", unc ? "value \u00b1 sigma" : "value",
+              intervals.empty() ? "" : "68.3% interval        ", "unit");
+  for (int i = 0; i < resp.parameters_size(); ++i) {
+    const auto& p = resp.parameters(i);
     const std::string v = unc ? FormatWithSigma(p.value(), p.sigma()) : Format(p.value());
-    std::printf("%-10s %-22s %s\n", p.name().c_str(), v.c_str(), p.unit().c_str());
+    char iv[64] = "";
+    if (!intervals.empty()) {
+      const int d = SigmaDecimals(p.sigma());
+      const std::string range =
+          FormatFixed(intervals[i].low, d) + " - " + FormatFixed(intervals[i].high, d);
+      std::snprintf(iv, sizeof(iv), "%-21s ", range.c_str());
+    }
+    std::printf("%-10s %-22s %s%s\n", p.name().c_str(), v.c_str(), iv, p.unit().c_str());
   }
   if (!unc) {
     std::printf("uncertainty: none (this model gives no sigma)\n");
@@ -385,12 +430,13 @@ int RunInfo(const CallOptions& call) {
   return kExitOk;
 }
 
-void PrintPrediction(const v1::PredictResponse& resp, bool json) {
+void PrintPrediction(const v1::PredictResponse& resp, const std::vector<Interval>& intervals,
+                     bool json) {
   if (json) {
     nlohmann::ordered_json j;
     j["request_id"] = resp.request_id();
     j["model_version"] = resp.model_version();
-    AddPrediction(resp, &j);
+    AddPrediction(resp, intervals, &j);
     j["timings"] = {{"queue_seconds", resp.timings().queue_seconds()},
                     {"compute_seconds", resp.timings().compute_seconds()},
                     {"total_seconds", resp.timings().total_seconds()},
@@ -398,7 +444,7 @@ void PrintPrediction(const v1::PredictResponse& resp, bool json) {
     std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return;
   }
-  PrintPredictionTable(resp);
+  PrintPredictionTable(resp, intervals);
   std::printf("model %s, batch %d, queue %.4f s, compute %.4f s, server total %.4f s\n",
               resp.model_version().c_str(), resp.timings().batch_size(),
               resp.timings().queue_seconds(), resp.timings().compute_seconds(),
@@ -421,7 +467,14 @@ int RunPredict(const CallOptions& call) {
   v1::PredictResponse resp;
   grpc::Status s = stub->Predict(&ctx, request, &resp);
   if (!s.ok()) return RpcFail(s);
-  PrintPrediction(resp, call.json);
+  // The prior for the intervals; a server that cannot say (or has reloaded meanwhile) gets none.
+  v1::ModelInfo info;
+  if (HasUncertainty(resp)) {
+    grpc::ClientContext info_ctx;
+    SetDeadline(call, &info_ctx);
+    if (!stub->GetModelInfo(&info_ctx, {}, &info).ok()) info.Clear();
+  }
+  PrintPrediction(resp, PosteriorIntervals(resp, info), call.json);
   return kExitOk;
 }
 

@@ -49,7 +49,7 @@ def truncated_mean(loc, sigma, low, high):
 
 def location(mean, sigma, low=-np.inf, high=np.inf):
     """The location of the Gaussian of scale sigma whose truncation to [low, high] has mean `mean`
-    (core/nn/uncertainty.cc's TruncatedLocation): the mean itself without a prior or 8 sigmas from
+    (core/base/truncated_normal.cc's TruncatedLocation): the mean itself without a prior or 8 sigmas from
     both ends; otherwise Newton steps kept in a bracket within LOCATION_REACH sigmas of the prior
     (the truncated mean rises with the location). A mean outside the prior takes the nearest end
     of that range."""
@@ -263,7 +263,8 @@ def flat_prior_terciles(info_ratio, levels=LEVELS, n=60000, seed=0):
 
 
 def interval(mean, sigma, low, high, level):
-    """The central `level` interval of the truncated posterior (`location`; for error bars)."""
+    """The central `level` interval of the truncated posterior (`location`; for error bars; the C++
+    client's TruncatedInterval)."""
     loc = location(mean, sigma, low, high)
     a, b = (low - loc) / sigma, (high - loc) / sigma
     return loc + sigma * _quantile(0.5 - level / 2, a, b), loc + sigma * _quantile(0.5 + level / 2, a, b)

@@ -1,5 +1,6 @@
 // Uncertainties in every client against a real server on loopback: the CLI prints "value ± sigma"
-// and its JSON carries sigma and the covariance exactly as served; the Python client returns the
+// (and the 68.3% interval on a calibrated prior) and its JSON carries sigma and the covariance
+// exactly as served; the Python client returns the
 // same; a model without uncertainty says so (null, never 0); and a client generated from the
 // proto as it was before uncertainties keeps working against this server.
 #include <gtest/gtest.h>
@@ -7,7 +8,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
+#include "core/base/truncated_normal.h"
 #include "core/io/npy.h"
 #include "server/server.h"
 #include "tests/server/server_test_util.h"
@@ -161,6 +164,58 @@ TEST_F(UncertaintyClientTest, WithoutUncertaintyEveryClientSaysSo) {
   EXPECT_EQ(json::parse(py.out)["parameters"], j["parameters"]);
   Result info = Client("info --json");
   EXPECT_EQ(json::parse(info.out)["uncertainty"], "none");
+}
+
+// With a calibrated prior the CLI adds each parameter's central 68.3% interval of the truncated
+// posterior (JSON: interval_68), as core/base/truncated_normal.h computes it from the served value
+// and sigma; a value half a sigma inside the prior's lower end gives an interval inside the prior,
+// narrower than value -+ sigma and reaching further up than down.
+TEST_F(UncertaintyClientTest, CliPrintsTheTruncatedIntervalOnThePrior) {
+  Checkpoint ckpt = MakeTinyHeadCheckpoint(5, 2, UncertaintyHead::kGaussianFull, {1.5, 0.8, 1.1});
+  Start(ckpt);
+  const v1::PredictResponse unbounded = Served();
+  Result none = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_TRUE(json::parse(none.out)["interval_68"].is_null()) << "no prior, no interval";
+  for (const auto& p : unbounded.parameters()) {
+    ckpt.calibration.prior_low.push_back(p.value() - 0.5 * p.sigma());
+    ckpt.calibration.prior_high.push_back(p.value() + 10 * p.sigma());
+  }
+  Start(ckpt);
+  const v1::PredictResponse want = Served();
+  Result cli = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(cli.code, 0) << cli.err;
+  const json j = json::parse(cli.out);
+  Result table = Client("predict --npy " + (dir_ / "cube.npy"));
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("68.3% interval"), std::string::npos) << table.out;
+  for (int i = 0; i < 3; ++i) {
+    const auto& p = want.parameters(i);
+    const Interval iv = TruncatedInterval(p.value(), p.sigma(), ckpt.calibration.prior_low[i],
+                                          ckpt.calibration.prior_high[i], 0.682689492137);
+    EXPECT_EQ(j["interval_68"][p.name()][0].get<double>(), iv.low) << p.name();
+    EXPECT_EQ(j["interval_68"][p.name()][1].get<double>(), iv.high) << p.name();
+    EXPECT_GE(iv.low, ckpt.calibration.prior_low[i]) << p.name();
+    EXPECT_LT(iv.high - iv.low, 2 * p.sigma()) << p.name() << ": narrower than -+ sigma";
+    EXPECT_LT(p.value() - iv.low, iv.high - p.value()) << p.name() << ": further up than down";
+    // tools/calibration.py's interval(), which the study's report uses, is the same interval.
+    char args[256];
+    std::snprintf(args, sizeof(args), "%.17g, %.17g, %.17g, %.17g, 0.682689492137", p.value(),
+                  p.sigma(), ckpt.calibration.prior_low[i], ckpt.calibration.prior_high[i]);
+    Result py = Exec("cd " + kSource + "/tools && /usr/bin/python3 -c 'import calibration; " +
+                     "print(\"%.17g %.17g\" % calibration.interval(" + args + "))'");
+    ASSERT_EQ(py.code, 0) << py.err;
+    std::istringstream py_out(py.out);
+    double py_low = 0, py_high = 0;
+    py_out >> py_low >> py_high;
+    EXPECT_NEAR(py_low, iv.low, 1e-9 * p.sigma()) << p.name();
+    EXPECT_NEAR(py_high, iv.high, 1e-9 * p.sigma()) << p.name();
+    std::smatch m;
+    const std::regex line(p.name() + " +[-0-9.]+ \u00b1 [0-9.]+ +(-?[0-9.]+) - (-?[0-9.]+)");
+    ASSERT_TRUE(std::regex_search(table.out, m, line)) << table.out;
+    EXPECT_NEAR(std::stod(m[1]), iv.low, p.sigma() / 10) << table.out;
+    EXPECT_NEAR(std::stod(m[2]), iv.high, p.sigma() / 10) << table.out;
+  }
 }
 
 TEST_F(UncertaintyClientTest, ClientFromThePreviousProtoKeepsWorking) {
