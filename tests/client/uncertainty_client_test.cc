@@ -177,6 +177,9 @@ TEST_F(UncertaintyClientTest, CliPrintsTheTruncatedIntervalOnThePrior) {
   Result none = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
   ASSERT_EQ(none.code, 0) << none.err;
   EXPECT_TRUE(json::parse(none.out)["interval_68"].is_null()) << "no prior, no interval";
+  Result py_none = Python("--npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(py_none.code, 0) << py_none.err;
+  EXPECT_TRUE(json::parse(py_none.out)["interval_68"].is_null()) << py_none.out;
   for (const auto& p : unbounded.parameters()) {
     ckpt.calibration.prior_low.push_back(p.value() - 0.5 * p.sigma());
     ckpt.calibration.prior_high.push_back(p.value() + 10 * p.sigma());
@@ -186,6 +189,9 @@ TEST_F(UncertaintyClientTest, CliPrintsTheTruncatedIntervalOnThePrior) {
   Result cli = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
   ASSERT_EQ(cli.code, 0) << cli.err;
   const json j = json::parse(cli.out);
+  Result py_json = Python("--npy " + (dir_ / "cube.npy") + " --json");
+  ASSERT_EQ(py_json.code, 0) << py_json.err;
+  const json pj = json::parse(py_json.out);
   Result table = Client("predict --npy " + (dir_ / "cube.npy"));
   ASSERT_EQ(table.code, 0) << table.err;
   EXPECT_NE(table.out.find("68.3% interval"), std::string::npos) << table.out;
@@ -210,6 +216,10 @@ TEST_F(UncertaintyClientTest, CliPrintsTheTruncatedIntervalOnThePrior) {
     py_out >> py_low >> py_high;
     EXPECT_NEAR(py_low, iv.low, 1e-9 * p.sigma()) << p.name();
     EXPECT_NEAR(py_high, iv.high, 1e-9 * p.sigma()) << p.name();
+    // So is the Python client's (its own copy of the arithmetic: the client is a single file).
+    const json& py_iv = pj["interval_68"][p.name()];
+    EXPECT_NEAR(py_iv[0].get<double>(), iv.low, 1e-9 * p.sigma()) << p.name();
+    EXPECT_NEAR(py_iv[1].get<double>(), iv.high, 1e-9 * p.sigma()) << p.name();
     std::smatch m;
     const std::regex line(p.name() + " +[-0-9.]+ \u00b1 [0-9.]+ +(-?[0-9.]+) - (-?[0-9.]+)");
     ASSERT_TRUE(std::regex_search(table.out, m, line)) << table.out;
