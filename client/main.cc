@@ -192,17 +192,20 @@ bool HasUncertainty(const v1::PredictResponse& r) {
 // Per parameter, the central 68.3% interval of the truncated posterior (TruncatedInterval on the
 // prior the model was calibrated on), which is what sigma means for a model with a prior: for a
 // parameter whose posterior fills its prior (n_s), value -+ sigma reaches beyond the prior. Empty
-// without uncertainty, without a prior, or when `info` describes another model version than the
-// one that answered.
+// without uncertainty, without a prior, with a sigma that is not positive and finite, or when
+// `info` describes another model version than the one that answered.
 std::vector<Interval> PosteriorIntervals(const v1::PredictResponse& r, const v1::ModelInfo& info) {
   const int n = r.parameters_size();
   if (!HasUncertainty(r) || info.version() != r.model_version() || info.prior_low_size() != n ||
       info.prior_high_size() != n)
     return {};
   std::vector<Interval> out;
-  for (int i = 0; i < n; ++i)
-    out.push_back(TruncatedInterval(r.parameters(i).value(), r.parameters(i).sigma(),
-                                    info.prior_low(i), info.prior_high(i), kLevel68));
+  for (int i = 0; i < n; ++i) {
+    const double sigma = r.parameters(i).sigma();
+    if (!(sigma > 0) || !std::isfinite(sigma)) return {};
+    out.push_back(TruncatedInterval(r.parameters(i).value(), sigma, info.prior_low(i),
+                                    info.prior_high(i), kLevel68));
+  }
   return out;
 }
 

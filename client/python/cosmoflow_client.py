@@ -262,10 +262,13 @@ def truncated_interval(value, sigma, low, high, level=LEVEL_68):
 
 
 def posterior_intervals(result, info, level=LEVEL_68):
-    """{name: (low, high)} for a predict() result, or None without sigma, without a prior, or when
-    `info` (client.info()) describes another model version than the one that answered."""
+    """{name: (low, high)} for a predict() result, or None without sigma, without a prior, with a
+    sigma that is not positive and finite, or when `info` (client.info()) describes another model
+    version than the one that answered."""
     sigma, prior = result["sigma"], info.get("prior") or []
     if not sigma or info.get("version") != result["model_version"] or len(prior) != len(sigma):
+        return None
+    if not all(math.isfinite(s) and s > 0 for s in sigma.values()):
         return None
     return {name: truncated_interval(value, sigma[name], lo, hi, level)
             for (name, value), (lo, hi) in zip(result["parameters"].items(), prior)}
