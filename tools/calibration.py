@@ -49,10 +49,10 @@ def truncated_mean(loc, sigma, low, high):
 
 def location(mean, sigma, low=-np.inf, high=np.inf):
     """The location of the Gaussian of scale sigma whose truncation to [low, high] has mean `mean`
-    (core/base/truncated_normal.cc's TruncatedLocation): the mean itself without a prior or 8 sigmas from
-    both ends; otherwise Newton steps kept in a bracket within LOCATION_REACH sigmas of the prior
-    (the truncated mean rises with the location). A mean outside the prior takes the nearest end
-    of that range."""
+    (core/base/truncated_normal.cc's TruncatedLocation): the mean itself without a prior or 8
+    sigmas from both ends; otherwise Newton steps kept in a bracket within LOCATION_REACH sigmas of
+    the prior (the truncated mean rises with the location). A mean outside the prior takes the
+    nearest end of that range."""
     mean, sigma = np.broadcast_arrays(np.asarray(mean, dtype=float), np.asarray(sigma, dtype=float))
     loc = mean.copy()
     if not (np.isfinite(low) and np.isfinite(high)):

@@ -274,11 +274,16 @@ def posterior_intervals(result, info, level=LEVEL_68):
             for (name, value), (lo, hi) in zip(result["parameters"].items(), prior)}
 
 
+def _sigma_decimals(sigma):
+    """The decimal place of sigma's second significant digit (the digits beyond carry nothing)."""
+    return min(12, max(0, 1 - math.floor(math.log10(sigma))))
+
+
 def format_with_sigma(value, sigma):
     """"0.3012 \u00b1 0.0061": sigma to two significant digits, the value to the same decimal."""
     if not sigma or not math.isfinite(sigma) or sigma <= 0:
         return "%.9g" % value
-    decimals = min(12, max(0, 1 - math.floor(math.log10(sigma))))
+    decimals = _sigma_decimals(sigma)
     return "%.*f \u00b1 %.*f" % (decimals, value, decimals, sigma)
 
 
@@ -327,7 +332,7 @@ def main(argv=None):
                 shown = format_with_sigma(value, sigma[name]) if sigma else "%.9g" % value
                 span = ""
                 if intervals:
-                    decimals = min(12, max(0, 1 - math.floor(math.log10(sigma[name]))))
+                    decimals = _sigma_decimals(sigma[name])
                     span = "%-21s " % ("%.*f - %.*f" % (decimals, intervals[name][0], decimals,
                                                        intervals[name][1]))
                 print("%-10s %-22s %s%s" % (name, shown, span, result["units"][name]))
