@@ -70,10 +70,14 @@ def location(mean, sigma, low=-np.inf, high=np.inf):
         shift = (pa - pb) / mass
         f = x + s * shift - m
         slope = 1 + (a * pa - b * pb) / mass - shift * shift  # d(truncated mean) / d(location)
+        # A converged element keeps its x: a further step would fall on the bracket's end it just
+        # became and be replaced by the bracket's midpoint.
+        done = np.abs(f) <= 1e-10 * (high - low)
         lo, hi = np.where(f < 0, x, lo), np.where(f < 0, hi, x)
+        done |= hi - lo <= 1e-10 * (high - low)
         step = x - f / np.maximum(slope, 1e-12)
-        x = np.where((step > lo) & (step < hi), step, 0.5 * (lo + hi))
-        if np.all((np.abs(f) <= 1e-10 * (high - low)) | (hi - lo <= 1e-10 * (high - low))):
+        x = np.where(done, x, np.where((step > lo) & (step < hi), step, 0.5 * (lo + hi)))
+        if np.all(done):
             break
     loc[near] = x
     return loc
