@@ -13,11 +13,11 @@ When the network's CSVs also carry sigma_<param> and cov_<a>_<b> columns and the
 predictions are given (--network-val, --network-sym-val), a calibration report follows
 (tools/calibration.py): coverage of the 68.3% / 95.4% intervals truncated to the prior (--prior,
 the training labels' range), per tercile of the true value and of sigma, z, mean sigma vs RMS, the
-NLL against the best constant sigma fitted on validation, the joint (Omega_M, sigma_8) ellipse,
+NLL against the best constant sigma fitted on validation, the joint (Omega_M, sigma_8) regions,
 the issue's targets, and coverage_curve.png and pred_vs_true_errorbars.png.
 
 Usage: accuracy_report.py --network net.csv [--network-sym net_sym48.csv] [--network-val net_val.csv
-       --network-sym-val net_val_sym48.csv --prior "lo,hi;lo,hi;lo,hi"] --baseline pk.csv
+       --network-sym-val net_val_sym48.csv --prior "lo,hi;lo,hi;lo,hi" --calibration power] --baseline pk.csv
        --train-mean "0.3,0.865,0.95" --out DIR
 """
 import argparse
@@ -85,8 +85,10 @@ def terciles(key):
 def calibration(names, true, mean, cov, prior, val_true, val_mean):
     """Per parameter: coverage of the 68.3/95.4% intervals truncated to the prior, overall and per
     tercile of the true value and of sigma; z mean and spread; mean sigma vs RMS; Gaussian NLL of
-    the served sigma vs the best constant sigma (RMS of the validation errors); plus the joint
-    ellipse coverage of JOINT. Returns a JSON-able dict."""
+    the served sigma vs the best constant sigma (RMS of the validation errors); plus the coverage
+    of JOINT's joint regions: those of the truncated posterior (the one the marginal intervals come
+    from, cal.region_pit), and for comparison the untruncated ellipses at the mean. Returns a
+    JSON-able dict."""
     sigma = np.sqrt(np.diagonal(cov, axis1=1, axis2=2))
     out = {"params": {}}
     for j, n in enumerate(names):
@@ -111,8 +113,11 @@ def calibration(names, true, mean, cov, prior, val_true, val_mean):
     if all(n in names for n in JOINT):
         idx = [names.index(n) for n in JOINT]
         sub = cov[:, idx][:, :, idx]
+        u = cal.region_pit(true[:, idx], mean[:, idx], sub, [prior[j] for j in idx])
         out["joint"] = {"params": list(JOINT),
-                        "coverage": {str(q): cal.ellipse_coverage(true[:, idx], mean[:, idx], sub, q) for q in cal.LEVELS}}
+                        "coverage": {str(q): float(np.mean(u <= q)) for q in cal.LEVELS},
+                        "coverage_ellipse_at_mean": {str(q): cal.ellipse_coverage(true[:, idx], mean[:, idx], sub, q)
+                                                     for q in cal.LEVELS}}
     return out
 
 
@@ -142,7 +147,7 @@ def check_targets(c, rms_ratio):
         for q in cal.LEVELS:
             overall, _ = BANDS[q]
             v = c["joint"]["coverage"][str(q)]
-            rows.append((f"joint {'/'.join(c['joint']['params'])}: {100 * q:.1f}% ellipse in [{overall[0]}, {overall[1]}]",
+            rows.append((f"joint {'/'.join(c['joint']['params'])}: {100 * q:.1f}% region in [{overall[0]}, {overall[1]}]",
                          f"{v:.3f}", band(overall, v)))
     for n, (ratio, limit) in rms_ratio.items():
         rows.append((f"{n}: RMS / trivial no worse than {limit}", f"{ratio:.3f}", ratio <= limit))
@@ -173,8 +178,10 @@ def calibration_markdown(title, c, factors=None):
                             " / ".join(f"{t['0.954']:.2f}" for t in b) for n, b in best.items()) + "."]
     if "joint" in c:
         j = c["joint"]
-        lines += ["", f"Joint ({', '.join(j['params'])}) ellipse coverage: 68.3%: {j['coverage']['0.683']:.3f}, "
-                      f"95.4%: {j['coverage']['0.954']:.3f}."]
+        e = j["coverage_ellipse_at_mean"]
+        lines += ["", f"Joint ({', '.join(j['params'])}) region coverage (truncated posterior): 68.3%: "
+                      f"{j['coverage']['0.683']:.3f}, 95.4%: {j['coverage']['0.954']:.3f}; untruncated ellipse at the "
+                      f"mean: 68.3%: {e['0.683']:.3f}, 95.4%: {e['0.954']:.3f}."]
     return lines + [""]
 
 
@@ -220,13 +227,15 @@ def uncertainty_reports(args, names, true, prior, posteriors):
         vnames, vtrue, vmean, vcov = read_posterior(val_path)
         if cov is None or vcov is None or vnames != names:
             continue
-        if refit:  # the power form, as the trainer calibrates the served posterior by default
+        if refit:  # the trainer's --calibration form (power or power-joint)
             vsigma = np.sqrt(np.diagonal(vcov, axis1=1, axis2=2))
             fits = [cal.fit_sigma_power(vtrue[:, j], vmean[:, j], vsigma[:, j], *prior[j]) for j in range(len(names))]
             s, b, r = (np.array(v) for v in zip(*fits))
-            vf = cal.power_factors(vsigma, s, b, r)
-            block, k = cal.fit_joint_factor(vtrue, vmean, vcov * vf[:, :, None] * vf[:, None, :], prior)
-            s[block] *= np.sqrt(k)
+            block, k = [], 1.0
+            if args.calibration == "power-joint":
+                vf = cal.power_factors(vsigma, s, b, r)
+                block, k = cal.fit_joint_factor(vtrue, vmean, vcov * vf[:, :, None] * vf[:, None, :], prior)
+                s[block] *= np.sqrt(k)
             f = cal.power_factors(np.sqrt(np.diagonal(cov, axis1=1, axis2=2)), s, b, r)
             cov = cov * f[:, :, None] * f[:, None, :]
             factors[key] = {n: {"scale": float(s[j]), "exponent": float(b[j]), "reference": float(r[j])}
@@ -318,6 +327,8 @@ def main():
     ap.add_argument("--trivial-ratio-targets", default="default",
                     help="RMS / trivial limits of the target table: default (the default study's "
                          f"{BASELINE_RMS_RATIO}), none, or NAME:LIMIT,...")
+    ap.add_argument("--calibration", default="power", choices=("power", "power-joint"),
+                    help="the form the symmetry mixture is recalibrated with (the trainer's --calibration)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)

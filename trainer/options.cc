@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/base/flags.h"
+#include "core/nn/uncertainty.h"
 
 namespace cosmoflow {
 namespace {
@@ -100,7 +101,8 @@ const FlagInfo kFlags[] = {
      false},
     {"calibration",
      "with an uncertainty head: the form of the sigma calibration fitted on --val: scale (one "
-     "factor per output) | power (sigma -> s r (sigma/r)^b: a factor and an exponent) [power]",
+     "factor per output) | power (sigma -> s r (sigma/r)^b: a factor and an exponent) | "
+     "power-joint (power, then one factor for the narrow outputs' untruncated ellipse) [power]",
      false},
     {"covariance-gradient",
      "with an uncertainty head: all (the covariance outputs' gradient trains every layer) | head "
@@ -287,7 +289,7 @@ std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, cons
     if (v != "nll" && v != "mse") return Bad(k, v, "expected nll or mse");
     o.mean_gradient = v;
   } else if (k == "calibration") {
-    if (v != "scale" && v != "power") return Bad(k, v, "expected scale or power");
+    if (!ParseCalibrationForm(v).ok()) return Bad(k, v, "expected scale, power or power-joint");
     o.calibration = v;
   } else if (k == "covariance-gradient") {
     if (v != "all" && v != "head") return Bad(k, v, "expected all or head");

@@ -115,13 +115,19 @@ double Calibration::Factor(int o, double sigma) const {
 }
 
 const char* CalibrationFormName(CalibrationForm f) {
-  return f == CalibrationForm::kPower ? "power" : "scale";
+  switch (f) {
+    case CalibrationForm::kScale: return "scale";
+    case CalibrationForm::kPower: return "power";
+    case CalibrationForm::kPowerJoint: return "power-joint";
+  }
+  return "?";
 }
 
 StatusOr<CalibrationForm> ParseCalibrationForm(const std::string& name) {
   if (name == "scale") return CalibrationForm::kScale;
   if (name == "power") return CalibrationForm::kPower;
-  return InvalidArgumentError("calibration form '" + name + "': expected scale or power");
+  if (name == "power-joint") return CalibrationForm::kPowerJoint;
+  return InvalidArgumentError("calibration form '" + name + "': expected scale, power or power-joint");
 }
 
 void ApplyCalibration(const Calibration& c, int p, double* cov) {
@@ -553,7 +559,7 @@ StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<do
     CF_RETURN_IF_ERROR(
         FitOutput(t, m, s, low, high, form, "calibration fit of " + spec.outputs[o].name, &c));
   }
-  if (form == CalibrationForm::kPower) {
+  if (form == CalibrationForm::kPowerJoint) {
     CF_ASSIGN_OR_RETURN(JointFit j, FitJointFactor(spec, c, truth, mean, cov));
     for (int o : j.outputs) c.sigma_scale[size_t(o)] *= std::sqrt(j.factor);
     if (joint) *joint = j;

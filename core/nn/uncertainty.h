@@ -56,9 +56,13 @@ struct Calibration {
   double Factor(int o, double sigma) const;
 };
 
-// How the trainer fits a calibration: one factor per output, or a factor and an exponent.
-enum class CalibrationForm { kScale, kPower };
-const char* CalibrationFormName(CalibrationForm f);  // "scale" | "power"
+// How the trainer fits a calibration: one factor per output (kScale), a factor and an exponent per
+// output (kPower), or kPower followed by the joint step (kPowerJoint, FitJointFactor). kPower keeps
+// every output's own truncated fit, so the joint regions of the truncated posterior are those of
+// calibrated marginals; kPowerJoint instead matches the untruncated ellipse at the served mean,
+// narrowing the block's marginals where truncation matters (near the prior's edges).
+enum class CalibrationForm { kScale, kPower, kPowerJoint };
+const char* CalibrationFormName(CalibrationForm f);  // "scale" | "power" | "power-joint"
 StatusOr<CalibrationForm> ParseCalibrationForm(const std::string& name);
 
 // Positive finite factors, one per output; exponents (if any) in [0, 4] with positive finite
@@ -97,7 +101,7 @@ struct PowerFit {
 StatusOr<PowerFit> FitSigmaPower(const double* truth, const double* mean, const double* sigma,
                                  int64_t n, double low, double high, const std::string& what);
 
-// The joint step of a power calibration. Per-output fits match each marginal; the joint regions
+// The joint step of a power-joint calibration. Per-output fits match each marginal; the joint regions
 // (the ellipses of a block of outputs) also depend on the correlations, which they leave alone. The
 // block is the outputs whose calibrated posterior is narrow next to the prior (mean sigma below
 // kJointPriorFraction of the prior's width, or no prior): for them the untruncated Gaussian
@@ -117,8 +121,8 @@ StatusOr<JointFit> FitJointFactor(const ModelSpec& spec, const Calibration& cali
 
 // Fits every output's calibration from n samples of normalised truths (n x p), means (n x p) and
 // covariances (n x p x p); prior_low/high per output in physical units (empty = none), kept in the
-// result. The power form ends with the joint step (FitJointFactor), folded into the block's
-// sigma_scale; `joint`, if given, receives it.
+// result. The power-joint form ends with the joint step (FitJointFactor), folded into the block's
+// sigma_scale; `joint`, if given, receives it (an empty block for the other forms).
 StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
                                      const std::vector<double>& mean,
                                      const std::vector<double>& cov,

@@ -32,7 +32,7 @@ for f in network.csv network_sym2.csv network_val.csv network_val_sym2.csv; do
 done
 for section in "### Served posterior (identity, as the server answers)" \
                "### Mixture over the cube's symmetries, recalibrated on validation" \
-               "Joint (Omega_M, sigma_8) ellipse coverage" "MLPerf HPC metric"; do
+               "Joint (Omega_M, sigma_8) region coverage (truncated posterior)" "MLPerf HPC metric"; do
   grep -qF "$section" "$out/accuracy.md" || fail "accuracy.md has no '$section'"
 done
 for p in Omega_M sigma_8 n_s; do

@@ -536,7 +536,7 @@ TEST(CalibrationTest, PowerFitWithAPriorIsAsGoodAsABruteForce) {
 // (factors ~1), and the block's ellipses are then too small: E[d^2] = 2 / (1 - 0.6^2), so the
 // joint factor is 1 / (1 - 0.36) = 1.5625. The third output's prior is only 4 sigma wide: it stays
 // out of the block. Refitting on the calibrated posteriors finds nothing left (factor ~1).
-TEST(CalibrationTest, PowerCalibrationFitsAJointFactorOnTheNarrowOutputs) {
+TEST(CalibrationTest, PowerJointCalibrationFitsAJointFactorOnTheNarrowOutputs) {
   ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussianFull);
   std::mt19937_64 rng(5);
   std::normal_distribution<double> n01(0.0, 1.0);
@@ -565,14 +565,22 @@ TEST(CalibrationTest, PowerCalibrationFitsAJointFactorOnTheNarrowOutputs) {
   EXPECT_TRUE(none.outputs.empty());
   for (int o = 0; o < 3; ++o) EXPECT_NEAR(scale->sigma_scale[o], 1.0, 0.05) << o;
 
+  // The power form keeps the per-output fits too: with every claimed sigma at the reference its
+  // factors are the scale form's, whatever the correlations.
+  JointFit marginal;
+  auto power = FitCalibration(spec, truth, mean, cov, low, high, CalibrationForm::kPower, &marginal);
+  ASSERT_TRUE(power.ok()) << power.status().ToString();
+  EXPECT_TRUE(marginal.outputs.empty());
+  for (int o = 0; o < 3; ++o) EXPECT_NEAR(power->Factor(o, 1.0), scale->sigma_scale[o], 1e-4) << o;
+
   JointFit joint;
-  auto c = FitCalibration(spec, truth, mean, cov, low, high, CalibrationForm::kPower, &joint);
+  auto c = FitCalibration(spec, truth, mean, cov, low, high, CalibrationForm::kPowerJoint, &joint);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(joint.outputs, (std::vector<int>{0, 1}));
   // d^2 has a spread about its size: 4000 samples give k to ~2.5% (one standard error).
   EXPECT_NEAR(joint.factor, 1.0 / (1 - rho * rho), 0.08 * joint.factor);
-  // Every claimed sigma is 1 = the reference, so the power form's per-output factor is the scale
-  // form's; the block's carry sqrt(k) on top, the third output nothing.
+  // The power-joint form's block carries sqrt(k) on top of the per-output factors, the third
+  // output nothing.
   for (int o = 0; o < 3; ++o)
     EXPECT_NEAR(c->Factor(o, 1.0), scale->sigma_scale[o] * (o < 2 ? std::sqrt(joint.factor) : 1.0), 1e-4)
         << o;
@@ -585,6 +593,17 @@ TEST(CalibrationTest, PowerCalibrationFitsAJointFactorOnTheNarrowOutputs) {
   auto bad = FitJointFactor(spec, *c, truth, mean, cov);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("sample 7"), std::string::npos) << bad.status().message();
+}
+
+TEST(CalibrationTest, CalibrationFormNamesRoundTripAndUnknownOnesAreRefused) {
+  for (CalibrationForm f : {CalibrationForm::kScale, CalibrationForm::kPower, CalibrationForm::kPowerJoint}) {
+    auto parsed = ParseCalibrationForm(CalibrationFormName(f));
+    ASSERT_TRUE(parsed.ok()) << CalibrationFormName(f);
+    EXPECT_EQ(*parsed, f);
+  }
+  auto bad = ParseCalibrationForm("joint");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'joint'"), std::string::npos) << bad.status().message();
 }
 
 TEST(CalibrationTest, PowerCalibrationScalesTheCovarianceAndRoundTrips) {

@@ -4,7 +4,10 @@ tools/accuracy_report.py):
 - a miscalibrated toy (claimed sigma, truths scattered with k * sigma) recovers k: within 2% without
   a prior, 4% with truncation to the prior (n = 20000: the estimate's own spread is ~0.5% of k);
 - once recalibrated, its 68.3% / 95.4% coverage is within 3 binomial standard deviations;
-- the joint ellipse of a correlated 2-D toy covers 68.3% / 95.4%;
+- the joint ellipse of a correlated 2-D toy covers 68.3% / 95.4%; the regions of the truncated
+  posterior (region_pit) equal those ellipses far from the prior's edges, cover 68.3% / 95.4% of
+  truths drawn from a truncated posterior near an edge (where the ellipse at the mean does not),
+  and leave out a truth inside the prior when the mean lies beyond it;
 - the power calibration recovers the exponent of a toy whose true sigma grows as the square root of
   the claimed one (b = 0.5 within 0.03), and its calibrated 68.3% coverage is right in every
   tercile of sigma, where the plain factor's is not;
@@ -128,6 +131,37 @@ def ellipse():
     diag = np.tile(np.diag(np.diag(cov)), (N, 1, 1))
     check(abs(cal.ellipse_coverage(truth, mean, diag, 0.683) - 0.683) > 3 * np.sqrt(0.683 * 0.317 / N),
           "the correlated toy does not exercise the correlation")
+
+
+def regions():
+    n = 4000
+    tol = {q: 3 * np.sqrt(q * (1 - q) / n) + 0.005 for q in cal.LEVELS}  # + the draws' own error
+    # Far from the edges the truncated posterior is the Gaussian: the same regions as the ellipses.
+    cov = np.tile(np.array([[1.0, -0.8], [-0.8, 2.0]]), (n, 1, 1))
+    mean = rng.uniform(-1, 1, (n, 2))
+    truth = mean + rng.multivariate_normal([0, 0], cov[0], n)
+    u = cal.region_pit(truth, mean, cov, [(-100, 100), (-100, 100)])
+    for q in cal.LEVELS:
+        v, e = float(np.mean(u <= q)), cal.ellipse_coverage(truth, mean, cov, q)
+        check(abs(v - e) < 0.01 and abs(v - q) < tol[q], f"untruncated region coverage {v} (ellipse {e}) for {q}")
+    # Near an edge, independent parameters: the truncated posterior's location is each marginal's,
+    # truths are drawn from it, and the served mean is its mean.
+    low, high = np.array([0.0, 0.0]), np.array([1.0, 1.0])
+    sigma = np.array([0.1, 0.2])
+    loc = rng.uniform(-0.1, 0.2, (n, 2))
+    truth = np.stack([truncated_draws(loc[:, j], np.full(n, sigma[j]), low[j], high[j]) for j in range(2)], axis=1)
+    mean = np.stack([cal.truncated_mean(loc[:, j], sigma[j], low[j], high[j]) for j in range(2)], axis=1)
+    cov = np.tile(np.diag(sigma ** 2), (n, 1, 1))
+    u = cal.region_pit(truth, mean, cov, list(zip(low, high)))
+    for q in cal.LEVELS:
+        v = float(np.mean(u <= q))
+        check(abs(v - q) < tol[q], f"truncated region coverage {v} for {q}")
+    e = cal.ellipse_coverage(truth, mean, cov, 0.683)
+    check(abs(e - 0.683) > tol[0.683], f"the edge toy does not exercise truncation (ellipse covers {e})")
+    # A mean beyond the prior: the posterior crowds at the edge, a truth 0.4 sigma inside is outside
+    # even the 95.4% region.
+    far = cal.region_pit([[0.96, 0.5]], [[1.01, 0.5]], [[[0.01, 0.0], [0.0, 0.01]]], [(0, 1), (0, 1)])
+    check(np.isfinite(far[0]) and far[0] > 0.954, f"a mean beyond the prior: region mass {far[0]}")
 
 
 def write_csv(path, truth, mean, cov, names):
@@ -254,6 +288,7 @@ if __name__ == "__main__":
     locations()
     flat_prior()
     ellipse()
+    regions()
     power()
     joint()
     exact_posterior()
