@@ -31,6 +31,9 @@ TEST(TrainerOptionsTest, ParsesFlagsBothSpellingsAndRecipeDefaults) {
   EXPECT_DOUBLE_EQ(o->lr.base_lr, 0.01);
   EXPECT_EQ(o->lr.decay_epochs, (std::vector<double>{3, 6}));
   EXPECT_EQ(o->shuffle, ShuffleMode::kShard);
+  auto forms = Parse({"--train=/d", "--out=/o", "--calibration=power-joint"});
+  ASSERT_TRUE(forms.ok()) << forms.status().ToString();
+  EXPECT_EQ(forms->calibration, "power-joint");
   auto m = Parse({"--train=/d", "--out=/o"});
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->optimizer, "sgd");
@@ -49,6 +52,7 @@ TEST(TrainerOptionsTest, NonsenseIsRejectedNamingTheFlag) {
       {{"--train=/d", "--out=/o", "--augment=maybe"}, "--augment=maybe"},
       {{"--train=/d", "--out=/o", "--augment-shift=2"}, "--augment-shift=2"},
       {{"--train=/d", "--out=/o", "--bn-statistics-batches=-1"}, "--bn-statistics-batches=-1"},
+      {{"--train=/d", "--out=/o", "--calibration=joint"}, "--calibration=joint"},
       {{"--out=/o"}, "--train is required"},
       {{"--train=/d"}, "--out is required"},
       {{"--train=/d", "--out=/o", "stray"}, "unexpected argument 'stray'"},
