@@ -99,8 +99,7 @@ def calibration(names, true, mean, cov, prior, val_true, val_mean):
         z = (mean[:, j] - true[:, j]) / sigma[:, j]
         rms = float(np.sqrt(np.mean((mean[:, j] - true[:, j]) ** 2)))
         rms_val = float(np.sqrt(np.mean((val_mean[:, j] - val_true[:, j]) ** 2)))
-        ones = np.ones(len(val_true))
-        const = rms_val * cal.fit_sigma_scale(val_true[:, j], val_mean[:, j], rms_val * ones, lo, hi)
+        const = rms_val * cal.fit_sigma_scale(val_true[:, j], val_mean[:, j], np.full(len(val_true), rms_val), lo, hi)
         entry = {"coverage": {str(q): cal.coverage(u, q) for q in cal.LEVELS},
                  "z_mean": float(z.mean()), "z_std": float(z.std()),
                  "mean_sigma": float(sigma[:, j].mean()), "rms": rms,

@@ -63,6 +63,7 @@ def location(mean, sigma, low=-np.inf, high=np.inf):
     m, s = mean[near], sigma[near]
     lo, hi = low - LOCATION_REACH * s, high + LOCATION_REACH * s
     x = np.clip(m, lo, hi)
+    tol = 1e-10 * (high - low)
     for _ in range(100):  # Newton steps kept inside the bracket (else its midpoint)
         a, b = (low - x) / s, (high - x) / s
         mass = np.maximum(_mass(a, b), 1e-300)
@@ -72,9 +73,9 @@ def location(mean, sigma, low=-np.inf, high=np.inf):
         slope = 1 + (a * pa - b * pb) / mass - shift * shift  # d(truncated mean) / d(location)
         # A converged element keeps its x: a further step would fall on the bracket's end it just
         # became and be replaced by the bracket's midpoint.
-        done = np.abs(f) <= 1e-10 * (high - low)
+        done = np.abs(f) <= tol
         lo, hi = np.where(f < 0, x, lo), np.where(f < 0, hi, x)
-        done |= hi - lo <= 1e-10 * (high - low)
+        done |= hi - lo <= tol
         step = x - f / np.maximum(slope, 1e-12)
         x = np.where(done, x, np.where((step > lo) & (step < hi), step, 0.5 * (lo + hi)))
         if np.all(done):
