@@ -290,6 +290,10 @@ std::string UncertaintyText(const v1::ModelInfo& info) {
         std::snprintf(f, sizeof(f), " (sigma^%.2g)", info.calibration_exponent(i));
         t += f;
       }
+      if (i < info.calibration_edge_size() && info.calibration_edge(i) != 0) {
+        std::snprintf(f, sizeof(f), " (edge %.2g)", info.calibration_edge(i));
+        t += f;
+      }
     }
     t += " on " + std::to_string(info.calibration_samples()) + " validation cubes";
   }
@@ -307,6 +311,7 @@ void AddUncertaintyInfo(const v1::ModelInfo& info, nlohmann::json* j) {
       std::vector<double>(info.calibration_exponent().begin(), info.calibration_exponent().end());
   (*j)["calibration_reference"] =
       std::vector<double>(info.calibration_reference().begin(), info.calibration_reference().end());
+  (*j)["calibration_edge"] = std::vector<double>(info.calibration_edge().begin(), info.calibration_edge().end());
   (*j)["prior_low"] = std::vector<double>(info.prior_low().begin(), info.prior_low().end());
   (*j)["prior_high"] = std::vector<double>(info.prior_high().begin(), info.prior_high().end());
   (*j)["member_checkpoints"] = std::vector<std::string>(info.member_checkpoints().begin(),

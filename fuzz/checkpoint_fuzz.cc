@@ -76,6 +76,8 @@ Checkpoint Mutate(fuzz::Input& in) {
         c.calibration.sigma_reference.push_back(in.Double());
       }
     if (in.Byte() & 1)
+      for (int i = in.Byte() % 4; i > 0; --i) c.calibration.sigma_edge.push_back(in.Double());
+    if (in.Byte() & 1)
       for (int i = in.Byte() % 4; i > 0; --i) {
         c.calibration.prior_low.push_back(in.Double());
         c.calibration.prior_high.push_back(in.Double());
@@ -109,6 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (double f : read->calibration.sigma_scale) FUZZ_CHECK(std::isfinite(f) && f > 0);
   for (double b : read->calibration.sigma_exponent) FUZZ_CHECK(b >= 0 && b <= 4);
   for (double r : read->calibration.sigma_reference) FUZZ_CHECK(std::isfinite(r) && r > 0);
+  for (double e : read->calibration.sigma_edge) FUZZ_CHECK(std::abs(e) <= kEdgeLimit && !read->calibration.prior_low.empty());
   NetworkOptions options;
   options.batch = 1;
   auto net = Network::Create(read->spec, options);

@@ -235,7 +235,7 @@ void Model::Forward(int n, const float* src, float* physical_dst, double* physic
   double* cov = mix_.data() + p;
   for (int i = 0; i < n; ++i) {
     CombineMixture(p, k, &means_[size_t(i) * k * p], &covs_[size_t(i) * k * p * p], mean, cov);
-    ApplyCalibration(calibration_, p, cov);
+    ApplyCalibration(calibration_, spec, mean, cov);
     for (int j = 0; j < p; ++j) {
       // In float, as the network's outputs always were: a single network's values stay bit-exact.
       const OutputSpec& o = spec.outputs[j];

@@ -76,6 +76,7 @@ void FillModelInfo(const Model& model, const ServerOptions& options, v1::ModelIn
   info->set_calibration_samples(c.samples);
   for (double b : c.sigma_exponent) info->add_calibration_exponent(b);
   for (double r : c.sigma_reference) info->add_calibration_reference(r);
+  for (double e : c.sigma_edge) info->add_calibration_edge(e);
   for (double v : c.prior_low) info->add_prior_low(v);
   for (double v : c.prior_high) info->add_prior_high(v);
   if (model.is_ensemble())

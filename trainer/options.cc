@@ -102,7 +102,9 @@ const FlagInfo kFlags[] = {
     {"calibration",
      "with an uncertainty head: the form of the sigma calibration fitted on --val: scale (one "
      "factor per output) | power (sigma -> s r (sigma/r)^b: a factor and an exponent) | "
-     "power-joint (power, then one factor for the narrow outputs' untruncated ellipse) [power]",
+     "power-joint (power, then one factor for the narrow outputs' untruncated ellipse) | "
+     "power-edge (power, then sigma x exp(e u^2) by the mean's place u in the prior, for the narrow "
+     "outputs) [power-edge]",
      false},
     {"covariance-gradient",
      "with an uncertainty head: all (the covariance outputs' gradient trains every layer) | head "
@@ -289,7 +291,7 @@ std::optional<Status> ApplyRunFlag(TrainerOptions& o, const std::string& k, cons
     if (v != "nll" && v != "mse") return Bad(k, v, "expected nll or mse");
     o.mean_gradient = v;
   } else if (k == "calibration") {
-    if (!ParseCalibrationForm(v).ok()) return Bad(k, v, "expected scale, power or power-joint");
+    if (!ParseCalibrationForm(v).ok()) return Bad(k, v, "expected scale, power, power-joint or power-edge");
     o.calibration = v;
   } else if (k == "covariance-gradient") {
     if (v != "all" && v != "head") return Bad(k, v, "expected all or head");

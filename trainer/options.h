@@ -66,7 +66,7 @@ struct TrainerOptions {
   // all | head: how far down the covariance outputs' gradient reaches (head: the last layer only;
   // NetworkOptions::covariance_gradient_head_only).
   std::string covariance_gradient = "all";
-  std::string calibration = "power";  // scale | power: the form of the validation calibration
+  std::string calibration = "power-edge";  // scale | power | power-joint | power-edge (uncertainty.h)
   // Test hooks (documented, harmless): make a rank die or stall, to test failure paths.
   int64_t debug_die_at_step = -1;
   int debug_die_rank = -1;

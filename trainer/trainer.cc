@@ -824,6 +824,7 @@ void Trainer::WriteSummary(const std::string& outcome) {
   j["uncertainty"] = UncertaintyHeadName(spec_.uncertainty);
   if (!calibration_.empty()) j["calibration_sigma_scale"] = calibration_.sigma_scale;
   if (calibration_.has_exponent()) j["calibration_sigma_exponent"] = calibration_.sigma_exponent;
+  if (calibration_.has_edge()) j["calibration_sigma_edge"] = calibration_.sigma_edge;
   if (have_val_) {
     j["val_loss"] = last_val_.loss;
     j["val_mae"] = last_val_.mae;

@@ -61,6 +61,7 @@ std::string DescribeCalibration(const Calibration& c, const ModelSpec& spec,
   for (size_t o = 0; o < spec.outputs.size() && o < c.sigma_scale.size(); ++o) {
     os << (o ? ", " : " ") << spec.outputs[o].name << " " << c.sigma_scale[o];
     if (c.has_exponent()) os << " (exponent " << c.sigma_exponent[o] << ")";
+    if (c.has_edge() && c.sigma_edge[o] != 0) os << " (edge " << c.sigma_edge[o] << ")";
   }
   if (joint && !joint->outputs.empty()) {
     os << "; joint (";
@@ -88,7 +89,8 @@ std::string ValidationCsv(const ModelSpec& spec, const ValidationPosteriors& v,
     for (size_t o = 0; o < p; ++o) csv << "," << v.physical_mean[i * p + o];
     for (size_t o = 0; sigma && o < p; ++o) {
       const double sigma = std::sqrt(v.cov[(i * p + o) * p + o]);
-      csv << "," << calibration.Factor(int(o), sigma) * std::abs(spec.outputs[o].scale) * sigma;
+      const double u = calibration.EdgeCoordinate(int(o), v.physical_mean[i * p + o]);
+      csv << "," << calibration.Factor(int(o), sigma, u) * std::abs(spec.outputs[o].scale) * sigma;
     }
     csv << "\n";
   }

@@ -202,6 +202,7 @@ class CosmoFlowClient:
             "calibration_samples": m.calibration_samples,
             "calibration_exponent": list(m.calibration_exponent),
             "calibration_reference": list(m.calibration_reference),
+            "calibration_edge": list(m.calibration_edge),
             "prior": [[lo, hi] for lo, hi in zip(m.prior_low, m.prior_high)],
             "member_checkpoints": list(m.member_checkpoints),
         }

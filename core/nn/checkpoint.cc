@@ -105,7 +105,8 @@ StatusOr<std::string> WriteCheckpoint(const std::string& path, const Checkpoint&
   const std::string spec_json = ckpt.spec.ToJson();
   const std::string calibration_json = ckpt.calibration.empty() ? "" : CalibrationToJson(ckpt.calibration, ckpt.spec);
   // The oldest version that holds everything in this checkpoint (see checkpoint.h).
-  const int64_t version = ckpt.calibration.has_exponent() ? 3
+  const int64_t version = ckpt.calibration.has_edge()       ? 4
+                          : ckpt.calibration.has_exponent() ? 3
                           : calibration_json.empty() && ckpt.spec.uncertainty == UncertaintyHead::kNone ? 1
                                                                                                        : 2;
   const std::string checksum =

@@ -11,6 +11,7 @@
 // 1, so builds that predate them keep reading it; they refuse a version 2 file by its version.
 // Version 3: a calibration with sigma_exponent / sigma_reference (a power calibration), which a
 // version-2 reader would silently apply as a plain factor; other checkpoints keep version 1 or 2.
+// Version 4: a calibration with sigma_edge (an edge term), which a version-3 reader would ignore.
 // Writes go to "<path>.tmp.<pid>" in the same directory, fsync, rename, fsync the directory, so a
 // reader sees the old file or the complete new one, never a partial one.
 #pragma once
@@ -27,7 +28,7 @@
 
 namespace cosmoflow {
 
-inline constexpr int kCheckpointFormatVersion = 3;  // the newest version this build reads and writes
+inline constexpr int kCheckpointFormatVersion = 4;  // the newest version this build reads and writes
 
 struct TrainingState {
   int64_t step = 0;

@@ -96,7 +96,7 @@ Status WriteEnsembleManifest(const std::string& path, const EnsembleManifest& ma
   nlohmann::ordered_json calibration;
   if (!manifest.calibration_json.empty()) calibration = nlohmann::ordered_json::parse(manifest.calibration_json);
   // The oldest version that holds the calibration (see ensemble.h).
-  j["format_version"] = calibration.contains("sigma_exponent") ? 2 : 1;
+  j["format_version"] = calibration.contains("sigma_edge") ? 3 : calibration.contains("sigma_exponent") ? 2 : 1;
   j["members"] = nlohmann::ordered_json::array();
   for (const auto& m : manifest.members)
     j["members"].push_back({{"checkpoint", m.checkpoint}, {"checksum", m.checksum}});

@@ -11,7 +11,8 @@
 // member checkpoint's own, so a member replaced after the manifest was written is refused. The
 // calibration applies to the mixture (the members' own factors are not used inside an ensemble).
 // Version 2: the same with a power calibration (sigma_exponent, sigma_reference), written only
-// then, so a version-1 reader refuses it instead of applying its factors alone.
+// then, so a version-1 reader refuses it instead of applying its factors alone. Version 3: a
+// calibration with an edge term (sigma_edge), which a version-2 reader would ignore.
 #pragma once
 
 #include <string>
@@ -24,7 +25,7 @@
 namespace cosmoflow {
 
 inline constexpr char kEnsembleManifestName[] = "ensemble.json";
-inline constexpr int kEnsembleFormatVersion = 2;  // the newest this build reads
+inline constexpr int kEnsembleFormatVersion = 3;  // the newest this build reads
 
 struct EnsembleMember {
   std::string checkpoint;  // as written in the manifest

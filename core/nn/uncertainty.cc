@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -106,12 +107,23 @@ void CombineMixture(int p, int k, const double* means, const double* covs, doubl
   }
 }
 
-double Calibration::Factor(int o, double sigma) const {
+double EdgeCoordinate(double x, double low, double high) {
+  const double u = (2.0 * x - (low + high)) / (high - low);
+  return std::isfinite(u) ? std::min(kEdgeReach, std::max(-kEdgeReach, u)) : 0.0;
+}
+
+double Calibration::EdgeCoordinate(int o, double physical_mean) const {
+  if (!has_edge() || prior_low.empty()) return 0.0;
+  return cosmoflow::EdgeCoordinate(physical_mean, prior_low[o], prior_high[o]);
+}
+
+double Calibration::Factor(int o, double sigma, double u) const {
   if (empty()) return 1.0;
-  if (!has_exponent() || sigma_exponent[o] == 1.0) return sigma_scale[o];
+  const double edge = has_edge() ? std::exp(sigma_edge[o] * u * u) : 1.0;
+  if (!has_exponent() || sigma_exponent[o] == 1.0) return sigma_scale[o] * edge;
   // A zero sigma stays zero (a head-less output inside an ensemble's mixture).
-  if (!(sigma > 0)) return sigma_scale[o];
-  return sigma_scale[o] * std::pow(sigma / sigma_reference[o], sigma_exponent[o] - 1.0);
+  if (!(sigma > 0)) return sigma_scale[o] * edge;
+  return sigma_scale[o] * std::pow(sigma / sigma_reference[o], sigma_exponent[o] - 1.0) * edge;
 }
 
 const char* CalibrationFormName(CalibrationForm f) {
@@ -119,21 +131,27 @@ const char* CalibrationFormName(CalibrationForm f) {
     case CalibrationForm::kScale: return "scale";
     case CalibrationForm::kPower: return "power";
     case CalibrationForm::kPowerJoint: return "power-joint";
+    case CalibrationForm::kPowerEdge: return "power-edge";
   }
   return "?";
 }
 
 StatusOr<CalibrationForm> ParseCalibrationForm(const std::string& name) {
-  if (name == "scale") return CalibrationForm::kScale;
-  if (name == "power") return CalibrationForm::kPower;
-  if (name == "power-joint") return CalibrationForm::kPowerJoint;
-  return InvalidArgumentError("calibration form '" + name + "': expected scale, power or power-joint");
+  for (CalibrationForm f : {CalibrationForm::kScale, CalibrationForm::kPower, CalibrationForm::kPowerJoint,
+                            CalibrationForm::kPowerEdge})
+    if (name == CalibrationFormName(f)) return f;
+  return InvalidArgumentError("calibration form '" + name +
+                              "': expected scale, power, power-joint or power-edge");
 }
 
-void ApplyCalibration(const Calibration& c, int p, double* cov) {
+void ApplyCalibration(const Calibration& c, const ModelSpec& spec, const double* mean, double* cov) {
   if (c.empty()) return;
+  const int p = static_cast<int>(spec.outputs.size());
   std::vector<double> f(p);
-  for (int i = 0; i < p; ++i) f[i] = c.Factor(i, std::sqrt(std::max(0.0, cov[i * p + i])));
+  for (int i = 0; i < p; ++i) {
+    const double u = c.EdgeCoordinate(i, spec.outputs[i].offset + spec.outputs[i].scale * mean[i]);
+    f[i] = c.Factor(i, std::sqrt(std::max(0.0, cov[i * p + i])), u);
+  }
   for (int i = 0; i < p; ++i)
     for (int j = 0; j < p; ++j) cov[i * p + j] *= f[i] * f[j];
 }
@@ -170,6 +188,29 @@ Status ValidateExponents(const Calibration& c, const ModelSpec& spec) {
   return Status::Ok();
 }
 
+std::string Short(double v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%g", v);
+  return b;
+}
+
+Status ValidateEdges(const Calibration& c, const ModelSpec& spec) {
+  const size_t p = spec.outputs.size();
+  if (!c.has_edge()) return Status::Ok();
+  if (c.sigma_edge.size() != p)
+    return InvalidArgumentError("calibration: sigma_edge needs a value for each of the " + std::to_string(p) +
+                                " outputs");
+  if (c.prior_low.empty()) return InvalidArgumentError("calibration: sigma_edge needs a prior range");
+  for (size_t i = 0; i < p; ++i) {
+    const double e = c.sigma_edge[i];
+    if (!std::isfinite(e) || std::abs(e) > kEdgeLimit) {
+      return InvalidArgumentError("calibration: sigma_edge." + spec.outputs[i].name + " = " + std::to_string(e) +
+                                  " is not within +-" + Short(kEdgeLimit));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ValidateCalibration(const Calibration& c, const ModelSpec& spec) {
@@ -188,7 +229,7 @@ Status ValidateCalibration(const Calibration& c, const ModelSpec& spec) {
     }
   }
   CF_RETURN_IF_ERROR(ValidateExponents(c, spec));
-  if (c.prior_low.empty() && c.prior_high.empty()) return Status::Ok();
+  if (c.prior_low.empty() && c.prior_high.empty()) return ValidateEdges(c, spec);
   if (c.prior_low.size() != p || c.prior_high.size() != p) {
     return InvalidArgumentError("calibration: prior needs a range for each of the " +
                                 std::to_string(p) + " outputs");
@@ -201,7 +242,7 @@ Status ValidateCalibration(const Calibration& c, const ModelSpec& spec) {
           ", " + std::to_string(c.prior_high[i]) + "] is not a finite range with low < high");
     }
   }
-  return Status::Ok();
+  return ValidateEdges(c, spec);
 }
 
 namespace {
@@ -260,6 +301,7 @@ std::string CalibrationToJson(const Calibration& c, const ModelSpec& spec) {
     j["sigma_exponent"] = PerOutput(c.sigma_exponent, spec);
     j["sigma_reference"] = PerOutput(c.sigma_reference, spec);
   }
+  if (c.has_edge()) j["sigma_edge"] = PerOutput(c.sigma_edge, spec);
   nlohmann::ordered_json prior = nlohmann::ordered_json::object();
   for (size_t i = 0; i < spec.outputs.size() && i < c.prior_low.size() && i < c.prior_high.size(); ++i)
     prior[spec.outputs[i].name] = {c.prior_low[i], c.prior_high[i]};
@@ -284,6 +326,7 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const ModelSp
     CF_RETURN_IF_ERROR(ReadPerOutput(j, "sigma_exponent", spec, &c.sigma_exponent));
     CF_RETURN_IF_ERROR(ReadPerOutput(j, "sigma_reference", spec, &c.sigma_reference));
   }
+  if (j.contains("sigma_edge")) CF_RETURN_IF_ERROR(ReadPerOutput(j, "sigma_edge", spec, &c.sigma_edge));
   CF_RETURN_IF_ERROR(ReadPrior(j, spec, &c));
   CF_RETURN_IF_ERROR(ValidateCalibration(c, spec));
   return c;
@@ -422,6 +465,43 @@ StatusOr<PowerFit> FitSigmaPower(const double* truth, const double* mean, const 
   return best;
 }
 
+StatusOr<EdgeFit> FitSigmaEdge(const double* truth, const double* mean, const double* sigma,
+                               const double* u, int64_t n, double low, double high,
+                               const std::string& what) {
+  CF_ASSIGN_OR_RETURN(double plain, FitSigmaScale(truth, mean, sigma, n, low, high, what));
+  std::vector<double> work(n);
+  auto trial = [&](double e, double log_hint) {
+    for (int64_t i = 0; i < n; ++i) work[i] = sigma[i] * std::exp(e * u[i] * u[i]);
+    return LocalScale(truth, mean, work.data(), n, low, high, log_hint);
+  };
+  EdgeFit best{plain, 0.0};
+  double best_nll = TruncatedNll(truth, mean, sigma, n, low, high, std::log(plain));
+  // e in steps of 0.1, walking out from 0 both ways so each search starts next to its neighbour's.
+  constexpr double kStep = 0.1;
+  const int steps = static_cast<int>(std::lround(kEdgeLimit / kStep));
+  for (int dir : {1, -1}) {
+    double hint = std::log(plain);
+    for (int g = 1; g <= steps; ++g) {
+      ExponentTrial t = trial(dir * g * kStep, hint);
+      if (!t.ok) continue;
+      hint = std::log(t.scale);
+      if (t.nll < best_nll) best_nll = t.nll, best = {t.scale, dir * g * kStep};
+    }
+  }
+  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
+  double lo = std::max(-kEdgeLimit, best.edge - kStep), hi = std::min(kEdgeLimit, best.edge + kStep);
+  while (hi - lo > 1e-4) {
+    const double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo), hint = std::log(best.scale);
+    ExponentTrial t1 = trial(x1, hint), t2 = trial(x2, hint);
+    if (!t1.ok || !t2.ok) break;
+    if (t1.nll < t2.nll) hi = x2; else lo = x1;
+    const bool first = t1.nll < t2.nll;
+    const ExponentTrial& t = first ? t1 : t2;
+    if (t.nll < best_nll) best_nll = t.nll, best = {t.scale, first ? x1 : x2};
+  }
+  return best;
+}
+
 namespace {
 
 // Output o's prior range in normalised units ([-inf, inf] without a prior).
@@ -459,7 +539,7 @@ bool Mahalanobis2(int q, std::vector<double> c, const double* e, double* d2) {
 }
 
 // The outputs of the joint block: mean calibrated sigma below kJointPriorFraction of the prior.
-std::vector<int> JointBlock(const ModelSpec& spec, const Calibration& c,
+std::vector<int> JointBlock(const ModelSpec& spec, const Calibration& c, const std::vector<double>& mean,
                             const std::vector<double>& cov, int64_t n) {
   const int p = static_cast<int>(spec.outputs.size());
   std::vector<int> block;
@@ -468,7 +548,7 @@ std::vector<int> JointBlock(const ModelSpec& spec, const Calibration& c,
     NormalisedPrior(spec, c.prior_low, c.prior_high, o, &low, &high);
     for (int64_t i = 0; i < n; ++i) {
       const double s = std::sqrt(std::max(0.0, cov[(i * p + o) * p + o]));
-      sigma_sum += c.Factor(o, s) * s;
+      sigma_sum += c.Factor(o, s, EdgeCoordinate(mean[i * p + o], low, high)) * s;
     }
     if (!std::isfinite(high - low) || sigma_sum / n < kJointPriorFraction * (high - low))
       block.push_back(o);
@@ -485,14 +565,14 @@ StatusOr<JointFit> FitJointFactor(const ModelSpec& spec, const Calibration& cali
   const int64_t n = static_cast<int64_t>(truth.size()) / p;
   JointFit fit;
   if (n <= 0) return InvalidArgumentError("joint calibration: no samples");
-  std::vector<int> block = JointBlock(spec, calibration, cov, n);
+  std::vector<int> block = JointBlock(spec, calibration, mean, cov, n);
   if (block.size() < 2) return fit;
   const int q = static_cast<int>(block.size());
   std::vector<double> full(size_t(p) * p), sub(size_t(q) * q), e(q);
   double d2_sum = 0;
   for (int64_t i = 0; i < n; ++i) {
     std::copy_n(&cov[size_t(i) * p * p], p * p, full.begin());
-    ApplyCalibration(calibration, p, full.data());
+    ApplyCalibration(calibration, spec, &mean[size_t(i) * p], full.data());
     for (int a = 0; a < q; ++a) {
       e[a] = truth[i * p + block[a]] - mean[i * p + block[a]];
       for (int b = 0; b < q; ++b) sub[a * q + b] = full[block[a] * p + block[b]];
@@ -529,6 +609,33 @@ Status FitOutput(const std::vector<double>& t, const std::vector<double>& m,
   return Status::Ok();
 }
 
+// The power-edge form's edge terms on top of c's per-output fits (see FitCalibration).
+Status FitEdges(const ModelSpec& spec, const std::vector<double>& truth, const std::vector<double>& mean,
+                const std::vector<double>& cov, Calibration* c) {
+  const int p = static_cast<int>(spec.outputs.size());
+  const int64_t n = static_cast<int64_t>(truth.size()) / p;
+  if (c->prior_low.empty()) return Status::Ok();
+  const std::vector<int> narrow = JointBlock(spec, *c, mean, cov, n);
+  c->sigma_edge.assign(size_t(p), 0.0);
+  std::vector<double> t(n), m(n), s(n), u(n);
+  for (int o : narrow) {
+    double low, high;
+    NormalisedPrior(spec, c->prior_low, c->prior_high, o, &low, &high);
+    for (int64_t i = 0; i < n; ++i) {
+      t[i] = truth[i * p + o];
+      m[i] = mean[i * p + o];
+      const double raw = std::sqrt(cov[(i * p + o) * p + o]);
+      s[i] = c->Factor(o, raw) * raw;
+      u[i] = EdgeCoordinate(m[i], low, high);
+    }
+    CF_ASSIGN_OR_RETURN(EdgeFit f, FitSigmaEdge(t.data(), m.data(), s.data(), u.data(), n, low, high,
+                                                "edge calibration of " + spec.outputs[o].name));
+    c->sigma_scale[size_t(o)] *= f.scale;
+    c->sigma_edge[size_t(o)] = f.edge;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<double>& truth,
@@ -559,6 +666,7 @@ StatusOr<Calibration> FitCalibration(const ModelSpec& spec, const std::vector<do
     CF_RETURN_IF_ERROR(
         FitOutput(t, m, s, low, high, form, "calibration fit of " + spec.outputs[o].name, &c));
   }
+  if (form == CalibrationForm::kPowerEdge) CF_RETURN_IF_ERROR(FitEdges(spec, truth, mean, cov, &c));
   if (form == CalibrationForm::kPowerJoint) {
     CF_ASSIGN_OR_RETURN(JointFit j, FitJointFactor(spec, c, truth, mean, cov));
     for (int o : j.outputs) c.sigma_scale[size_t(o)] *= std::sqrt(j.factor);

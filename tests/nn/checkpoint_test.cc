@@ -165,6 +165,21 @@ TEST(CheckpointTest, CalibrationRoundTripsIsCheckedAndSetsTheVersion) {
   EXPECT_EQ(r->calibration.prior_low, (std::vector<double>{0.25, 0.78, 0.9}));
   EXPECT_EQ(r->calibration.samples, 512);
 
+  // A power calibration is version 3, an edge term version 4 (older readers would drop either).
+  Checkpoint power = MakeCalibrated();
+  power.calibration.sigma_exponent = {0.5, 1.0, 0.0};
+  power.calibration.sigma_reference = {0.1, 0.2, 0.3};
+  ASSERT_TRUE(WriteCheckpoint(dir / "power.h5", power).ok());
+  EXPECT_EQ(FormatVersion(dir / "power.h5"), 3);
+  Checkpoint edge = power;
+  edge.calibration.sigma_edge = {0.25, 0.1, 0.0};
+  ASSERT_TRUE(WriteCheckpoint(dir / "edge.h5", edge).ok());
+  EXPECT_EQ(FormatVersion(dir / "edge.h5"), 4);
+  auto e = ReadCheckpoint(dir / "edge.h5");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->calibration.sigma_edge, edge.calibration.sigma_edge);
+  EXPECT_EQ(e->calibration.sigma_exponent, power.calibration.sigma_exponent);
+
   // The factors are part of the checksum: one changed digit is a corrupt checkpoint.
   std::string bytes = testing::ReadAll(dir / "cal.h5");
   size_t at = bytes.find("\"sigma_8\":0.5");

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/nn/network.h"
 #include "tests/common/files.h"
@@ -86,6 +87,34 @@ TEST_F(EnsembleTest, LoadsEveryMemberAndTheCalibration) {
   manifest_.calibration_json = CalibrationToJson(c, HeadSpec());
   Save();
   EXPECT_NE(LoadEnsemble(manifest_path())->checksum, before);
+}
+
+// The manifest's version is the oldest that holds its calibration: 2 for a power calibration, 3
+// with an edge term, so an older reader refuses what it would apply only in part.
+TEST_F(EnsembleTest, ManifestVersionFollowsTheCalibrationForm) {
+  auto version = [&] {
+    std::ifstream in(manifest_path());
+    return nlohmann::json::parse(in)["format_version"].get<int>();
+  };
+  Calibration c;
+  c.sigma_scale = {1.1, 0.9, 2.0};
+  manifest_.calibration_json = CalibrationToJson(c, HeadSpec());
+  Save();
+  EXPECT_EQ(version(), 1);
+  c.sigma_exponent = {0.5, 1.0, 0.0};
+  c.sigma_reference = {0.1, 0.2, 0.3};
+  manifest_.calibration_json = CalibrationToJson(c, HeadSpec());
+  Save();
+  EXPECT_EQ(version(), 2);
+  c.sigma_edge = {0.3, 0.0, 0.0};
+  c.prior_low = {0.25, 0.78, 0.9};
+  c.prior_high = {0.35, 0.95, 1.0};
+  manifest_.calibration_json = CalibrationToJson(c, HeadSpec());
+  Save();
+  EXPECT_EQ(version(), 3);
+  auto e = LoadEnsemble(manifest_path());
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->calibration.sigma_edge, c.sigma_edge);
 }
 
 TEST_F(EnsembleTest, MissingCorruptOrReplacedMembersAreRefusedNamingThem) {

@@ -261,8 +261,8 @@ TEST(CalibrationTest, AppliesJsonRoundTripAndRefusesBadFactorsNamingTheField) {
   c.prior_high = {0.35, 0.95, 1.0};
   c.samples = 512;
   ASSERT_TRUE(ValidateCalibration(c, spec).ok());
-  double cov[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
-  ApplyCalibration(c, 3, cov);
+  double cov[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, mean[3] = {0, 0, 0};
+  ApplyCalibration(c, spec, mean, cov);
   EXPECT_DOUBLE_EQ(cov[0], 4.0);
   EXPECT_DOUBLE_EQ(cov[1], 1.0);  // 2 * 0.5
   EXPECT_DOUBLE_EQ(cov[4], 0.25);
@@ -596,7 +596,8 @@ TEST(CalibrationTest, PowerJointCalibrationFitsAJointFactorOnTheNarrowOutputs) {
 }
 
 TEST(CalibrationTest, CalibrationFormNamesRoundTripAndUnknownOnesAreRefused) {
-  for (CalibrationForm f : {CalibrationForm::kScale, CalibrationForm::kPower, CalibrationForm::kPowerJoint}) {
+  for (CalibrationForm f : {CalibrationForm::kScale, CalibrationForm::kPower, CalibrationForm::kPowerJoint,
+                            CalibrationForm::kPowerEdge}) {
     auto parsed = ParseCalibrationForm(CalibrationFormName(f));
     ASSERT_TRUE(parsed.ok()) << CalibrationFormName(f);
     EXPECT_EQ(*parsed, f);
@@ -619,7 +620,8 @@ TEST(CalibrationTest, PowerCalibrationScalesTheCovarianceAndRoundTrips) {
   double want[9];
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j) want[i * 3 + j] = cov[i * 3 + j] * f[i] * f[j];
-  ApplyCalibration(c, 3, cov);
+  const double mean[3] = {0, 0, 0};
+  ApplyCalibration(c, spec, mean, cov);
   for (int k = 0; k < 9; ++k) EXPECT_NEAR(cov[k], want[k], 1e-12) << k;
 
   auto back = CalibrationFromJson(CalibrationToJson(c, spec), spec);
@@ -643,6 +645,93 @@ TEST(CalibrationTest, PowerCalibrationScalesTheCovarianceAndRoundTrips) {
   auto half = CalibrationFromJson(json, spec);
   ASSERT_FALSE(half.ok());
   EXPECT_NE(half.status().message().find("sigma_reference"), std::string::npos) << half.status().message();
+}
+
+// The prior range of `half_width` normalised units about 0 for each of spec's outputs, physical.
+void SymmetricPrior(const ModelSpec& spec, const double* half_width, std::vector<double>* low,
+                    std::vector<double>* high) {
+  for (size_t o = 0; o < spec.outputs.size(); ++o) {
+    const OutputSpec& out = spec.outputs[o];
+    const double a = out.offset - out.scale * half_width[o], b = out.offset + out.scale * half_width[o];
+    low->push_back(std::min(a, b)), high->push_back(std::max(a, b));
+  }
+}
+
+TEST(CalibrationTest, EdgeTermScalesByTheMeansPlaceInThePriorAndRoundTrips) {
+  ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussianFull);
+  Calibration c;
+  c.sigma_scale = {2.0, 1.0, 0.5};
+  c.sigma_edge = {0.5, 0.0, -0.25};
+  const double half[3] = {10, 10, 10};
+  SymmetricPrior(spec, half, &c.prior_low, &c.prior_high);
+  ASSERT_TRUE(ValidateCalibration(c, spec).ok());
+  // Means at u = 0.5, 1 and beyond the prior (u clamped to -kEdgeReach); f_i = s_i exp(e_i u_i^2).
+  const double mean[3] = {5, 10, -45};
+  const double f[3] = {2.0 * std::exp(0.5 * 0.25), 1.0, 0.5 * std::exp(-0.25 * kEdgeReach * kEdgeReach)};
+  double cov[9] = {1, 0.5, 0.2, 0.5, 1, 0.3, 0.2, 0.3, 1}, want[9];
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) want[i * 3 + j] = cov[i * 3 + j] * f[i] * f[j];
+  ApplyCalibration(c, spec, mean, cov);
+  for (int k = 0; k < 9; ++k) EXPECT_NEAR(cov[k], want[k], 1e-12) << k;
+  // The physical mean's coordinate is the normalised one's (up to the sign of a negative scale).
+  const OutputSpec& o0 = spec.outputs[0];
+  EXPECT_NEAR(std::abs(c.EdgeCoordinate(0, o0.offset + o0.scale * 5.0)), 0.5, 1e-9);
+
+  auto back = CalibrationFromJson(CalibrationToJson(c, spec), spec);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->sigma_edge, c.sigma_edge);
+
+  Calibration bad = c;
+  bad.sigma_edge[1] = kEdgeLimit + 0.5;
+  Status st = ValidateCalibration(bad, spec);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("sigma_edge.sigma_8"), std::string::npos) << st.message();
+  bad = c;
+  bad.prior_low.clear(), bad.prior_high.clear();
+  st = ValidateCalibration(bad, spec);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("sigma_edge needs a prior"), std::string::npos) << st.message();
+}
+
+// A toy whose errors grow towards the prior's edges, sigma_true = exp(e u^2) with claimed sigmas
+// of 1: the power-edge form recovers e for the outputs narrow next to their prior and leaves the
+// wide one (as wide as its prior) at 0. Truths are drawn from the truncated Gaussian at location L
+// and the served mean is that distribution's mean, as the calibration reads a served mean.
+TEST(CalibrationTest, PowerEdgeFitRecoversAKnownEdgeDependence) {
+  ModelSpec spec = TinyWithHead(UncertaintyHead::kGaussianFull);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::uniform_real_distribution<double> where(-0.95, 0.95);
+  const int64_t n = 4000;
+  const double half[3] = {15, 15, 1.5}, e_true[3] = {0.4, 0.0, 0.4};
+  std::vector<double> truth(n * 3), mean(n * 3), cov(n * 9, 0.0), low, high;
+  SymmetricPrior(spec, half, &low, &high);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int o = 0; o < 3; ++o) {
+      const double u = where(rng), loc = u * half[o], sigma = std::exp(e_true[o] * u * u);
+      double t;
+      do t = loc + sigma * n01(rng); while (std::abs(t) > half[o]);  // truths lie inside the prior
+      const double a = (-half[o] - loc) / sigma, b = (half[o] - loc) / sigma;
+      const double pdf_a = std::exp(-0.5 * a * a), pdf_b = std::exp(-0.5 * b * b);
+      const double mass = std::sqrt(2 * M_PI) * NormalMassBetween(a, b);
+      mean[i * 3 + o] = loc + sigma * (pdf_a - pdf_b) / mass, truth[i * 3 + o] = t;
+      cov[(i * 3 + o) * 3 + o] = 1.0;
+    }
+  }
+  auto c = FitCalibration(spec, truth, mean, cov, low, high, CalibrationForm::kPowerEdge);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->has_edge());
+  // 4000 samples pin e to ~0.03 (one standard error) here.
+  EXPECT_NEAR(c->sigma_edge[0], 0.4, 0.1);
+  EXPECT_NEAR(c->sigma_edge[1], 0.0, 0.1);
+  EXPECT_EQ(c->sigma_edge[2], 0.0);  // a posterior as wide as its prior gets no edge term
+  // At the centre the factor is the typical sigma there (1), at an edge exp(0.4) for output 0.
+  EXPECT_NEAR(c->Factor(0, 1.0, 0.0), 1.0, 0.1);
+  EXPECT_NEAR(c->Factor(0, 1.0, 1.0), std::exp(0.4), 0.15);
+  // Without a prior there is no edge to fit: the form is the power form's.
+  auto free = FitCalibration(spec, truth, mean, cov, {}, {}, CalibrationForm::kPowerEdge);
+  ASSERT_TRUE(free.ok()) << free.status().ToString();
+  EXPECT_FALSE(free->has_edge());
 }
 
 // Every parameter's gradient after one Backward of `net` from `diff`.

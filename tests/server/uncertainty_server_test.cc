@@ -4,6 +4,7 @@
 // sigma absent; a bad ensemble reload keeps the old model serving.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -155,6 +156,42 @@ TEST_F(UncertaintyServerTest, FullHeadSigmaAndCovarianceEqualTheEngines) {
   ASSERT_EQ(info.calibration_size(), 3);
   EXPECT_EQ(info.calibration(2), 2.0);
   EXPECT_EQ(info.calibration_samples(), 100);
+}
+
+// An edge term: each cube's sigma grows by exp(e u^2), u the place of its served mean in the prior,
+// computed here by hand; ModelInfo lists e.
+TEST_F(UncertaintyServerTest, EdgeCalibrationScalesSigmaByTheMeansPlaceInThePrior) {
+  const std::vector<double> scale = {1.5, 0.75, 2.0}, edge = {0.6, 0.0, -0.4};
+  Checkpoint ck = MakeTinyHeadCheckpoint(7, 3, UncertaintyHead::kGaussianFull, scale);
+  ck.calibration.sigma_edge = edge;
+  // A narrow prior about each offset puts the random network's means at varied u (some clamped).
+  for (const OutputSpec& o : ck.spec.outputs) {
+    ck.calibration.prior_low.push_back(o.offset - 0.05 * std::abs(o.scale));
+    ck.calibration.prior_high.push_back(o.offset + 0.05 * std::abs(o.scale));
+  }
+  const std::string path = dir_ / "edge.h5";
+  ASSERT_TRUE(WriteCheckpoint(path, ck).ok());
+  Start(path);
+  double max_u = 0;
+  for (uint64_t seed : {1, 2}) {
+    const auto counts = RandomCounts(seed, kVoxels);
+    const std::vector<float> raw = EngineRawOutput(path, counts);
+    const std::vector<double> mean(raw.begin(), raw.begin() + 3);
+    std::vector<double> factor(3);
+    for (int i = 0; i < 3; ++i) {
+      const OutputSpec& o = ck.spec.outputs[i];
+      const double lo = ck.calibration.prior_low[i], hi = ck.calibration.prior_high[i];
+      const double u = std::clamp((2 * (o.offset + o.scale * mean[i]) - lo - hi) / (hi - lo), -3.0, 3.0);
+      factor[i] = scale[i] * std::exp(edge[i] * u * u);
+      max_u = std::max(max_u, std::abs(u));
+    }
+    ExpectPosterior(Predict(counts), ToPhysical(ck.spec, mean, FullHeadCovariance(raw), factor));
+  }
+  EXPECT_GT(max_u, 0.2) << "the means must lie away from the prior's centre for the test to mean anything";
+  const v1::ModelInfo info = Info();
+  ASSERT_EQ(info.calibration_edge_size(), 3);
+  EXPECT_EQ(info.calibration_edge(0), 0.6);
+  EXPECT_EQ(info.calibration_edge(2), -0.4);
 }
 
 TEST_F(UncertaintyServerTest, EnsembleIsTheMixtureOfItsMembersOnEveryCubeOfABatch) {

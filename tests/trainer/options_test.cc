@@ -31,6 +31,10 @@ TEST(TrainerOptionsTest, ParsesFlagsBothSpellingsAndRecipeDefaults) {
   EXPECT_DOUBLE_EQ(o->lr.base_lr, 0.01);
   EXPECT_EQ(o->lr.decay_epochs, (std::vector<double>{3, 6}));
   EXPECT_EQ(o->shuffle, ShuffleMode::kShard);
+  EXPECT_EQ(o->calibration, "power-edge");
+  auto edge = Parse({"--train=/d", "--out=/o", "--calibration=power-edge"});
+  ASSERT_TRUE(edge.ok()) << edge.status().ToString();
+  EXPECT_EQ(edge->calibration, "power-edge");
   auto forms = Parse({"--train=/d", "--out=/o", "--calibration=power-joint"});
   ASSERT_TRUE(forms.ok()) << forms.status().ToString();
   EXPECT_EQ(forms->calibration, "power-joint");
