@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 FORMAT_NAME = "cosmoflow-checkpoint"
-FORMAT_VERSIONS = (1, 2, 3)
+FORMAT_VERSIONS = (1, 2, 3, 4)
 TRANSFORMS = ("none", "log1p", "divide_by_mean", "overdensity")
 SPEC_KEYS = {"name", "input_channels", "input_side", "input_transform", "outputs", "layers", "uncertainty"}
 HEADS = ("none", "gaussian", "gaussian_full")
@@ -271,11 +271,30 @@ def _calibration(calibration, outputs):
     return scale, exponent, reference
 
 
+EDGE_LIMIT, EDGE_REACH = 2.0, 3.0  # core/nn/uncertainty.h's kEdgeLimit, kEdgeReach
+
+
+def _edge(calibration, outputs):
+    """(sigma_edge, edge_centre, edge_half) per output, the last two the prior's centre and half-width
+    in normalised label units; all None without an edge term."""
+    if calibration is None or "sigma_edge" not in calibration:
+        return None, None, None
+    edge = _per_output(calibration, "sigma_edge", outputs, lambda v: abs(v) <= EDGE_LIMIT, f"within +-{EDGE_LIMIT:g}")
+    prior = calibration.get("prior")
+    if not isinstance(prior, dict) or any(not isinstance(prior.get(o["name"]), list) or len(prior[o["name"]]) != 2
+                                          for o in outputs):
+        raise ExportError("calibration: sigma_edge needs a prior range [low, high] for every output")
+    lows = [(prior[o["name"]][0] - o["offset"]) / o["scale"] for o in outputs]
+    highs = [(prior[o["name"]][1] - o["offset"]) / o["scale"] for o in outputs]
+    return edge, [0.5 * (a + b) for a, b in zip(lows, highs)], [0.5 * abs(b - a) for a, b in zip(lows, highs)]
+
+
 def plan_model(spec, calibration=None):
     """The spec resolved for the writers: {name, input_channels, input_side, input_transform,
     outputs: [{name, unit, offset, scale}], uncertainty, sigma_scale, sigma_exponent,
-    sigma_reference, layers: [plan entries]} (sigma_exponent/reference None unless the calibration
-    has them).
+    sigma_reference, sigma_edge, edge_centre, edge_half, edge_reach, layers: [plan entries]}
+    (sigma_exponent/reference None unless the calibration has them or an edge term, which sets them
+    to 1; sigma_edge/edge_centre/edge_half None without an edge term).
     `calibration` is the checkpoint's parsed calibration_json (None: factors of 1)."""
     _check_spec_top(spec)
     shape = (int(spec["input_channels"]), int(spec["input_side"]), False)
@@ -296,10 +315,14 @@ def plan_model(spec, calibration=None):
     if head == "none" and calibration is not None:
         raise ExportError("calibration: the spec has no uncertainty head to calibrate")
     scale, exponent, reference = _calibration(calibration, outputs)
+    edge, centre, half = _edge(calibration, outputs)
+    if edge is not None and exponent is None:
+        exponent, reference = [1.0] * len(outputs), [1.0] * len(outputs)
     return {"name": spec.get("name", ""), "input_channels": int(spec["input_channels"]),
             "input_side": int(spec["input_side"]), "input_transform": spec.get("input_transform", "log1p"),
             "outputs": outputs, "uncertainty": head, "sigma_scale": scale, "sigma_exponent": exponent,
-            "sigma_reference": reference,
+            "sigma_reference": reference, "sigma_edge": edge, "edge_centre": centre, "edge_half": half,
+            "edge_reach": EDGE_REACH,
             "layers": layers}
 
 

@@ -132,9 +132,24 @@ def _head_entries(g, raw, head, p):
     return entries
 
 
-def _power_calibrated(g, cov, entries, plan):
-    """cov [batch, P, P] times f_i f_j, f_i = s_i (sigma_i / r_i)^(b_i - 1) with sigma_i the sqrt of
-    the diagonal entry (core/nn/uncertainty.cc's ApplyCalibration for a power calibration)."""
+def _edge_factor(g, raw, plan, i):
+    """exp(e_i u_i^2), u_i the clamped edge coordinate of normalised mean i ([batch, 1])."""
+    mean = g.op("Slice", [raw, g.const(f"edge_at{i}", np.array([i], dtype=np.int64)),
+                          g.const(f"edge_to{i}", np.array([i + 1], dtype=np.int64)),
+                          g.const(f"edge_axis{i}", np.array([1], dtype=np.int64))], f"edge_mean{i}")
+    u = g.op("Div", [g.op("Sub", [mean, g.const(f"edge_c{i}", np.float64(plan["edge_centre"][i]))], f"edge_d{i}"),
+                     g.const(f"edge_h{i}", np.float64(plan["edge_half"][i]))], f"edge_u{i}")
+    u = g.op("Clip", [u, g.const(f"edge_lo{i}", np.float64(-plan["edge_reach"])), g.const(f"edge_hi{i}", np.float64(plan["edge_reach"]))],
+             f"edge_uc{i}")
+    e = g.op("Mul", [g.op("Mul", [u, u], f"edge_u2{i}"), g.const(f"edge_e{i}", np.float64(plan["sigma_edge"][i]))],
+             f"edge_eu{i}")
+    return g.op("Exp", [e], f"edge_f{i}")
+
+
+def _power_calibrated(g, cov, entries, raw, plan):
+    """cov [batch, P, P] times f_i f_j, f_i = s_i (sigma_i / r_i)^(b_i - 1) exp(e_i u_i^2) with sigma_i
+    the sqrt of the diagonal entry and u_i the mean's edge coordinate (core/nn/uncertainty.cc's
+    ApplyCalibration for a power calibration, with or without an edge term)."""
     p = len(plan["outputs"])
     factors = []  # [batch, 1] each, as the entries
     for i in range(p):
@@ -142,6 +157,8 @@ def _power_calibrated(g, cov, entries, plan):
         ratio = g.op("Div", [sigma, g.const(f"sigma_ref{i}", np.float64(plan["sigma_reference"][i]))], f"ratio{i}")
         powered = g.op("Pow", [ratio, g.const(f"sigma_pow{i}", np.float64(plan["sigma_exponent"][i] - 1.0))], f"pow{i}")
         f = g.op("Mul", [powered, g.const(f"sigma_s{i}", np.float64(plan["sigma_scale"][i]))], f"f{i}")
+        if plan.get("sigma_edge") is not None:
+            f = g.op("Mul", [f, _edge_factor(g, raw, plan, i)], f"fe{i}")
         factors.append(f)
     f = g.op("Concat", factors, "f_all", axis=1)
     rows = g.op("Unsqueeze", [f, g.const("f_axis2", np.array([2], dtype=np.int64))], "f_rows")
@@ -160,7 +177,7 @@ def _covariance(g, x, plan):
                 "cov_flat", axis=1)
     cov = g.op("Reshape", [flat, g.const("cov_shape", np.array([-1, p, p], dtype=np.int64))], "cov_normalised")
     if plan.get("sigma_exponent") is not None:
-        cov = _power_calibrated(g, cov, entries, plan)
+        cov = _power_calibrated(g, cov, entries, raw, plan)
         factor = np.array([o["scale"] for o in plan["outputs"]], dtype=np.float64)
     else:
         factor = np.array([o["scale"] * c for o, c in zip(plan["outputs"], plan["sigma_scale"])], dtype=np.float64)
@@ -201,7 +218,8 @@ def build_model(plan, weights, info):
                 input_transform=plan["input_transform"], uncertainty=plan["uncertainty"],
                 sigma_scale=json.dumps(plan["sigma_scale"]),
                 sigma_exponent=json.dumps(plan.get("sigma_exponent")),
-                sigma_reference=json.dumps(plan.get("sigma_reference")))
+                sigma_reference=json.dumps(plan.get("sigma_reference")),
+                sigma_edge=json.dumps(plan.get("sigma_edge")))
     helper.set_model_props(model, meta)
     onnx.checker.check_model(model, full_check=True)
     return model

@@ -142,13 +142,21 @@ class CosmoFlowModel(nn.Module):
                                                             dtype=torch.float64), False)
         self.register_buffer("sigma_reference", torch.tensor(self.plan["sigma_reference"] if power else [1.0] * len(outs),
                                                              dtype=torch.float64), False)
+        edge = self.plan.get("sigma_edge") is not None
+        for key, default in (("sigma_edge", 0.0), ("edge_centre", 0.0), ("edge_half", 1.0)):
+            self.register_buffer(key, torch.tensor(self.plan[key] if edge else [default] * len(outs),
+                                                   dtype=torch.float64), False)
 
-    def calibrate(self, cov):
-        """cov_ij * f_i f_j with f_i = s_i (sigma_i / r_i)^(b_i - 1), sigma_i = sqrt(cov_ii), as
-        core/nn/uncertainty.cc's ApplyCalibration."""
+    def calibrate(self, cov, mean):
+        """cov_ij * f_i f_j with f_i = s_i (sigma_i / r_i)^(b_i - 1) exp(e_i u_i^2), sigma_i = sqrt(cov_ii)
+        and u_i the clamped edge coordinate of the normalised mean_i, as core/nn/uncertainty.cc's
+        ApplyCalibration."""
         sigma = torch.sqrt(torch.clamp(torch.diagonal(cov, dim1=1, dim2=2), min=0.0))
         f = self.sigma_scale * torch.where(sigma > 0, (sigma / self.sigma_reference) ** (self.sigma_exponent - 1.0),
                                            torch.ones_like(sigma))
+        reach = self.plan.get("edge_reach", 3.0)
+        u = torch.clamp((mean.double() - self.edge_centre) / self.edge_half, -reach, reach)
+        f = f * torch.exp(self.sigma_edge * u * u)
         return cov * f[:, :, None] * f[:, None, :]
 
     def forward_normalised(self, x):
@@ -163,7 +171,7 @@ class CosmoFlowModel(nn.Module):
         params = self.offset + self.scale * raw[:, :p]
         if self.plan["uncertainty"] == "none":
             return params
-        return params, self.calibrate(head_covariance(raw, self.plan["uncertainty"], p)) * self.cov_factor
+        return params, self.calibrate(head_covariance(raw, self.plan["uncertainty"], p), raw[:, :p]) * self.cov_factor
 
 
 def load(weights_path, plan=None):

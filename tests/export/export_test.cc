@@ -337,6 +337,21 @@ TEST(ExportTest, FullCovarianceHeadWithPowerCalibrationMatchesServer) {
   CheckExportMatchesServer(ckpt, false);
 }
 
+// An edge term: each sample's factor depends on where its mean lies in the prior (a format-4
+// checkpoint); without an exponent, so the plan's exponent of 1 is exercised too. The narrow prior
+// puts the random network's means at varied places, some beyond the clamp.
+TEST(ExportTest, FullCovarianceHeadWithEdgeCalibrationMatchesServer) {
+  Checkpoint ckpt = MakeCheckpoint(Spec(kFullCovSpec), 18);
+  ckpt.calibration.sigma_scale = {1.2, 0.9, 1.0};
+  ckpt.calibration.sigma_edge = {0.5, -0.3, 0.2};
+  for (const OutputSpec& o : ckpt.spec.outputs) {
+    ckpt.calibration.prior_low.push_back(o.offset - 0.05 * std::abs(o.scale));
+    ckpt.calibration.prior_high.push_back(o.offset + 0.05 * std::abs(o.scale));
+  }
+  ckpt.calibration.samples = 100;
+  CheckExportMatchesServer(ckpt, false);
+}
+
 TEST(ExportTest, DiagonalHeadFourOutputsMatchesServer) {
   CheckExportMatchesServer(MakeCheckpoint(Spec(kDiagonalSpec), 16), false);
 }
