@@ -23,6 +23,7 @@ Usage: accuracy_report.py --network net.csv [--network-sym net_sym48.csv] [--net
 import argparse
 import csv
 import json
+import math
 import os
 import sys
 
@@ -162,8 +163,9 @@ def check_targets(c, rms_ratio):
 def calibration_markdown(title, c, factors=None):
     lines = [f"### {title}", ""]
     if factors is not None:
-        lines += ["Sigma recalibrated on the validation set (sigma -> s r (sigma / r)^b): " +
-                  ", ".join(f"{n} s {f['scale']:.3f}, b {f['exponent']:.2f}" for n, f in factors.items() if n != "joint")
+        lines += ["Sigma recalibrated on the validation set (sigma -> s r (sigma / r)^b exp(e u^2)): " +
+                  ", ".join(f"{n} s {f['scale']:.3f}, b {f['exponent']:.2f}" + (f", e {f['edge']:.2f}" if "edge" in f else "")
+                            for n, f in factors.items() if n != "joint")
                   + (f"; joint ({', '.join(factors['joint']['params'])}) covariance x {factors['joint']['factor']:.3f}"
                      " (in the factors)" if "joint" in factors else ""), ""]
     lines += ["| parameter | 68.3% | 95.4% | 68.3% by true tercile | 68.3% by sigma tercile | 95.4% by true tercile | "
@@ -219,6 +221,38 @@ def parse_prior(text, names, true):
     return [tuple(p) for p in pairs]
 
 
+def recalibrate(form, names, prior, vtrue, vmean, vcov, mean, cov):
+    """The trainer's --calibration `form` (power, power-joint or power-edge; core/nn/uncertainty.cc's
+    FitCalibration) fitted on the validation posteriors and applied to the test covariances.
+    Returns (calibrated cov, {name: {scale, exponent, reference[, edge]}[, joint: ...]})."""
+    vsigma = np.sqrt(np.diagonal(vcov, axis1=1, axis2=2))
+    fits = [cal.fit_sigma_power(vtrue[:, j], vmean[:, j], vsigma[:, j], *prior[j]) for j in range(len(names))]
+    s, b, r = (np.array(v) for v in zip(*fits))
+    e = np.zeros(len(names))
+    block, k = [], 1.0
+    if form == "power-joint":
+        vf = cal.power_factors(vsigma, s, b, r)
+        block, k = cal.fit_joint_factor(vtrue, vmean, vcov * vf[:, :, None] * vf[:, None, :], prior)
+        s[block] *= np.sqrt(k)
+    if form == "power-edge":
+        vs = vsigma * cal.power_factors(vsigma, s, b, r)
+        for j in cal.narrow_outputs(vs, prior):
+            if math.isfinite(prior[j][1] - prior[j][0]):
+                kj, e[j] = cal.fit_sigma_edge(vtrue[:, j], vmean[:, j], vs[:, j], *prior[j])
+                s[j] *= kj
+    sigma = np.sqrt(np.diagonal(cov, axis1=1, axis2=2))
+    u = np.stack([cal.edge_coordinate(mean[:, j], *prior[j]) if math.isfinite(prior[j][1] - prior[j][0])
+                  else np.zeros(len(mean)) for j in range(len(names))], axis=1)
+    f = cal.power_factors(sigma, s, b, r) * np.exp(e * u * u)
+    factors = {n: {"scale": float(s[j]), "exponent": float(b[j]), "reference": float(r[j])} for j, n in enumerate(names)}
+    if form == "power-edge":
+        for j, n in enumerate(names):
+            factors[n]["edge"] = float(e[j])
+    if block:
+        factors["joint"] = {"params": [names[j] for j in block], "factor": k}
+    return cov * f[:, :, None] * f[:, None, :], factors
+
+
 def uncertainty_reports(args, names, true, prior, posteriors):
     """The calibration of every predictor that has a covariance: the served one (identity, with the
     checkpoint's calibration) and the symmetry mixture (recalibrated on the validation set here,
@@ -234,21 +268,8 @@ def uncertainty_reports(args, names, true, prior, posteriors):
         vnames, vtrue, vmean, vcov = read_posterior(val_path)
         if cov is None or vcov is None or vnames != names:
             continue
-        if refit:  # the trainer's --calibration form (power or power-joint)
-            vsigma = np.sqrt(np.diagonal(vcov, axis1=1, axis2=2))
-            fits = [cal.fit_sigma_power(vtrue[:, j], vmean[:, j], vsigma[:, j], *prior[j]) for j in range(len(names))]
-            s, b, r = (np.array(v) for v in zip(*fits))
-            block, k = [], 1.0
-            if args.calibration == "power-joint":
-                vf = cal.power_factors(vsigma, s, b, r)
-                block, k = cal.fit_joint_factor(vtrue, vmean, vcov * vf[:, :, None] * vf[:, None, :], prior)
-                s[block] *= np.sqrt(k)
-            f = cal.power_factors(np.sqrt(np.diagonal(cov, axis1=1, axis2=2)), s, b, r)
-            cov = cov * f[:, :, None] * f[:, None, :]
-            factors[key] = {n: {"scale": float(s[j]), "exponent": float(b[j]), "reference": float(r[j])}
-                            for j, n in enumerate(names)}
-            if block:
-                factors[key]["joint"] = {"params": [names[j] for j in block], "factor": k}
+        if refit:
+            cov, factors[key] = recalibrate(args.calibration, names, prior, vtrue, vmean, vcov, mean, cov)
         reports[key] = calibration(names, true, mean, cov, prior, vtrue, vmean)
         reports[key]["mean"], reports[key]["cov"] = mean, cov  # for the plots, dropped from the JSON
         lines += calibration_markdown(title, reports[key], factors.get(key))
@@ -334,7 +355,7 @@ def main():
     ap.add_argument("--trivial-ratio-targets", default="default",
                     help="RMS / trivial limits of the target table: default (the default study's "
                          f"{BASELINE_RMS_RATIO}), none, or NAME:LIMIT,...")
-    ap.add_argument("--calibration", default="power", choices=("power", "power-joint"),
+    ap.add_argument("--calibration", default="power-edge", choices=("power", "power-joint", "power-edge"),
                     help="the form the symmetry mixture is recalibrated with (the trainer's --calibration)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

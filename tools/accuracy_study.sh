@@ -9,7 +9,7 @@
 #   SPEC=tools/specs/study32x4-overdensity-ns-light.json
 #   N_TRAIN=8192 N_VAL=512 N_TEST=1024 EPOCHS=30 BATCH=8 LR=0.001 PRECISION=auto SYNTH_ARGS=""
 #   SYMMETRIES=48 MEMBERS=1 SEED=1 MSE_WARMUP_EPOCHS=0 MEAN_GRADIENT=nll COVARIANCE_GRADIENT=all
-#   SERVE_PRECISION=fp32 CALIBRATION=power
+#   SERVE_PRECISION=fp32 CALIBRATION=power-edge
 # Uncertainties: a SPEC with an uncertainty head (tools/specs/study32x4-overdensity-ns-light-fullcov.json) and/or MEMBERS=K
 # (a deep ensemble, served as one model) add the calibration report, computed on the test set with
 # the validation set's predictions (served the same way) for the constant-sigma comparison.
@@ -31,7 +31,7 @@ EPOCHS=${EPOCHS:-30}; BATCH=${BATCH:-8}; LR=${LR:-0.001}; PRECISION=${PRECISION:
 TRAIN=${TRAIN:-1}
 MEMBERS=${MEMBERS:-1}; SEED=${SEED:-1}; MSE_WARMUP_EPOCHS=${MSE_WARMUP_EPOCHS:-0}; MEAN_GRADIENT=${MEAN_GRADIENT:-nll}
 COVARIANCE_GRADIENT=${COVARIANCE_GRADIENT:-all}
-CALIBRATION=${CALIBRATION:-power}  # the trainer's --calibration: scale | power | power-joint
+CALIBRATION=${CALIBRATION:-power-edge}  # the trainer's --calibration: scale | power | power-joint | power-edge
 SERVE_PRECISION=${SERVE_PRECISION:-fp32}  # the server's; bf16 (as trained) is about twice as fast
 if ! [[ "$MEMBERS" =~ ^[1-9][0-9]?$ ]]; then
   echo "accuracy_study.sh: MEMBERS=$MEMBERS: expected 1..99 ensemble members" >&2; exit 2

@@ -192,6 +192,58 @@ def power_factors(sigma, s, b, r):
 
 
 JOINT_PRIOR_FRACTION = 0.1  # core/nn/uncertainty.h's kJointPriorFraction
+EDGE_LIMIT, EDGE_REACH = 2.0, 3.0  # core/nn/uncertainty.h's kEdgeLimit, kEdgeReach
+
+
+def edge_coordinate(x, low, high):
+    """u = (x - centre) / half-width of [low, high], clamped to +-EDGE_REACH (core/nn/uncertainty.cc)."""
+    return np.clip((2.0 * np.asarray(x, dtype=float) - (low + high)) / (high - low), -EDGE_REACH, EDGE_REACH)
+
+
+def narrow_outputs(sigma, prior):
+    """The parameters whose mean sigma (n x p) is below JOINT_PRIOR_FRACTION of their prior's width
+    (or that have no prior): the joint block, and the outputs that get an edge term."""
+    return [j for j, (low, high) in enumerate(prior)
+            if not math.isfinite(high - low) or sigma[:, j].mean() < JOINT_PRIOR_FRACTION * (high - low)]
+
+
+def fit_sigma_edge(truth, mean, sigma, low, high):
+    """The edge term of core/nn/uncertainty.cc's FitSigmaEdge: the e in [-EDGE_LIMIT, EDGE_LIMIT]
+    (steps of 0.1, then golden section) and factor k (fit_sigma_scale) that maximise the truncated
+    likelihood of (mean, k sigma exp(e u^2)), u = edge_coordinate(mean). Returns (k, e)."""
+    truth, mean, sigma = (np.asarray(x, dtype=float) for x in (truth, mean, sigma))
+    u2 = edge_coordinate(mean, low, high) ** 2
+
+    def trial(e):
+        s_e = sigma * np.exp(e * u2)
+        try:
+            k = fit_sigma_scale(truth, mean, s_e, low, high)
+        except ValueError:
+            return math.inf, None
+        return truncated_nll(truth, mean, k * s_e, low, high), k
+
+    best_nll, best_k = trial(0.0)
+    best_e = 0.0
+    for e in np.linspace(-EDGE_LIMIT, EDGE_LIMIT, 41):
+        nll, k = trial(float(e))
+        if nll < best_nll:
+            best_nll, best_k, best_e = nll, k, float(e)
+    lo, hi = max(-EDGE_LIMIT, best_e - 0.1), min(EDGE_LIMIT, best_e + 0.1)
+    phi = (math.sqrt(5) - 1) / 2
+    while hi - lo > 1e-4:
+        x1, x2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+        (n1, k1), (n2, k2) = trial(x1), trial(x2)
+        if n1 < n2:
+            hi = x2
+            if n1 < best_nll:
+                best_nll, best_k, best_e = n1, k1, x1
+        else:
+            lo = x1
+            if n2 < best_nll:
+                best_nll, best_k, best_e = n2, k2, x2
+    if best_k is None:
+        raise ValueError("no edge term gives a calibration factor")
+    return best_k, best_e
 
 
 def fit_joint_factor(truth, mean, cov, prior):
@@ -200,9 +252,7 @@ def fit_joint_factor(truth, mean, cov, prior):
     (low, high) per parameter, infinite = none); its covariance factor k = mean(d^2) / q maximises
     the block's Gaussian likelihood. Returns (block indices, k); ([], 1.0) below two parameters."""
     truth, mean, cov = (np.asarray(x, dtype=float) for x in (truth, mean, cov))
-    sigma = np.sqrt(np.diagonal(cov, axis1=1, axis2=2))
-    block = [j for j, (low, high) in enumerate(prior)
-             if not math.isfinite(high - low) or sigma[:, j].mean() < JOINT_PRIOR_FRACTION * (high - low)]
+    block = narrow_outputs(np.sqrt(np.diagonal(cov, axis1=1, axis2=2)), prior)
     if len(block) < 2:
         return [], 1.0
     r = (truth - mean)[:, block]

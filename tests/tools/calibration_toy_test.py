@@ -240,6 +240,31 @@ def power():
         check(ok == want_ok, f"power toy: {name} coverage by sigma tercile {cov}")
 
 
+def edge():
+    """fit_sigma_edge: truths drawn from the truncated Gaussian at location L with sigma 0.01
+    exp(0.4 u^2) on a prior of half-width 0.15, the served mean that distribution's mean and the
+    claimed sigma 0.01: e comes back as 0.4 and k as 1, and the edge term balances the coverage
+    of the outer and inner thirds of the prior, which a plain factor cannot."""
+    rng = np.random.default_rng(6)
+    low, high = 0.25, 0.55
+    n = 5000  # each trial e refits k by a grid search: kept small
+    loc = rng.uniform(low + 0.0075, high - 0.0075, n)
+    u = cal.edge_coordinate(loc, low, high)
+    true_sigma = 0.01 * np.exp(0.4 * u * u)
+    truth = truncated_draws(loc, true_sigma, low, high)
+    mean = cal.truncated_mean(loc, true_sigma, low, high)
+    claimed = np.full(n, 0.01)
+    k, e = cal.fit_sigma_edge(truth, mean, claimed, low, high)
+    check(abs(e - 0.4) < 0.1 and abs(k - 1) < 0.05, f"edge toy: e {e}, k {k}, want 0.4 and 1")
+    served = k * claimed * np.exp(e * cal.edge_coordinate(mean, low, high) ** 2)
+    plain = claimed * cal.fit_sigma_scale(truth, mean, claimed, low, high)
+    outer = np.abs(cal.edge_coordinate(mean, low, high)) > 2 / 3
+    for name, sig, want_ok in (("edge", served, True), ("plain factor", plain, False)):
+        cov = [cal.coverage(cal.pit(truth[t], mean[t], sig[t], low, high), 0.683) for t in (outer, ~outer)]
+        ok = all(abs(c - 0.683) < 0.035 for c in cov)
+        check(ok == want_ok, f"edge toy: {name} coverage outer / inner {cov}")
+
+
 def joint():
     """fit_joint_factor: a claimed correlation of 0.6 over independent unit errors gives
     k = 1 / (1 - 0.36); a parameter whose sigma is a quarter of its prior stays out of the block."""
@@ -290,6 +315,7 @@ if __name__ == "__main__":
     ellipse()
     regions()
     power()
+    edge()
     joint()
     exact_posterior()
     report(work)
