@@ -114,11 +114,13 @@ def gaussian_nll(truth, mean, sigma):
     return truncated_nll(truth, mean, sigma)
 
 
-def fit_sigma_scale(truth, mean, sigma, low=-np.inf, high=np.inf):
+def fit_sigma_scale(truth, mean, sigma, low=-np.inf, high=np.inf, near=None):
     """The factor c > 0 maximising the likelihood of the truths under N(mean, (c sigma)^2)
     truncated to [low, high]: c^2 = mean(z^2) without a prior; otherwise a grid over log c in
     [-7, log(2 (high - low) / mean sigma)] (beyond twice the prior width the truncated posterior
-    is flat over the prior) refined by golden section."""
+    is flat over the prior) refined by golden section. `near` (a log factor, e.g. a neighbouring
+    fit's) replaces the grid by a walk downhill from it in steps of 0.25, as core/nn/uncertainty.cc's
+    LocalScale does."""
     truth, mean, sigma = (np.asarray(x, dtype=float) for x in (truth, mean, sigma))
     if len(truth) == 0 or not np.all(np.isfinite(sigma)) or not np.all(sigma > 0):
         raise ValueError("sigma must be positive and finite for every sample")
@@ -126,12 +128,7 @@ def fit_sigma_scale(truth, mean, sigma, low=-np.inf, high=np.inf):
         return float(np.sqrt(np.mean(((truth - mean) / sigma) ** 2)))
     hi_log = min(7.0, math.log(max(1e-12, 2 * (high - low) / sigma.mean())))
     f = lambda x: truncated_nll(truth, mean, math.exp(x) * sigma, low, high)  # noqa: E731
-    grid = np.linspace(-7.0, hi_log, 281)
-    values = [f(x) for x in grid]
-    best = int(np.argmin(values))
-    if best == 0:
-        raise ValueError("the fitted factor is below e^-7 (sigma far too wide?)")
-    a, b = grid[best - 1], grid[min(len(grid) - 1, best + 1)]
+    a, b = _bracket(f, hi_log) if near is None else _walk(f, hi_log, near)
     phi = (math.sqrt(5) - 1) / 2
     x1, x2 = b - phi * (b - a), a + phi * (b - a)
     f1, f2 = f(x1), f(x2)
@@ -145,6 +142,31 @@ def fit_sigma_scale(truth, mean, sigma, low=-np.inf, high=np.inf):
             x2 = a + phi * (b - a)
             f2 = f(x2)
     return math.exp((a + b) / 2)
+
+
+def _bracket(f, hi_log):
+    """The grid step either side of f's lowest point on log c in [-7, hi_log]."""
+    grid = np.linspace(-7.0, hi_log, 281)
+    best = int(np.argmin([f(x) for x in grid]))
+    if best == 0:
+        raise ValueError("the fitted factor is below e^-7 (sigma far too wide?)")
+    return grid[best - 1], grid[min(len(grid) - 1, best + 1)]
+
+
+def _walk(f, hi_log, near, step=0.25):
+    """A bracket of one step either side of the point where f stops falling, walking from `near`."""
+    x = min(hi_log, max(-7.0, near))
+    fx = f(x)
+    d = -step if f(max(-7.0, x - step)) < fx else step
+    while True:
+        nx = min(hi_log, max(-7.0, x + d))
+        fn = f(nx) if nx != x else math.inf
+        if not fn < fx:
+            break
+        x, fx = nx, fn
+    if x == -7.0:
+        raise ValueError("the fitted factor is below e^-7 (sigma far too wide?)")
+    return max(-7.0, x - step), min(hi_log, x + step)
 
 
 def fit_sigma_power(truth, mean, sigma, low=-np.inf, high=np.inf):
@@ -209,30 +231,38 @@ def narrow_outputs(sigma, prior):
 
 def fit_sigma_edge(truth, mean, sigma, low, high):
     """The edge term of core/nn/uncertainty.cc's FitSigmaEdge: the e in [-EDGE_LIMIT, EDGE_LIMIT]
-    (steps of 0.1, then golden section) and factor k (fit_sigma_scale) that maximise the truncated
-    likelihood of (mean, k sigma exp(e u^2)), u = edge_coordinate(mean). Returns (k, e)."""
+    (steps of 0.1 walking out from 0 both ways, then golden section) and factor k (fit_sigma_scale,
+    each search started from the neighbouring e's k) that maximise the truncated likelihood of
+    (mean, k sigma exp(e u^2)), u = edge_coordinate(mean). Returns (k, e)."""
     truth, mean, sigma = (np.asarray(x, dtype=float) for x in (truth, mean, sigma))
     u2 = edge_coordinate(mean, low, high) ** 2
 
-    def trial(e):
+    def trial(e, near):
         s_e = sigma * np.exp(e * u2)
         try:
-            k = fit_sigma_scale(truth, mean, s_e, low, high)
+            k = fit_sigma_scale(truth, mean, s_e, low, high, near)
         except ValueError:
             return math.inf, None
         return truncated_nll(truth, mean, k * s_e, low, high), k
 
-    best_nll, best_k = trial(0.0)
-    best_e = 0.0
-    for e in np.linspace(-EDGE_LIMIT, EDGE_LIMIT, 41):
-        nll, k = trial(float(e))
-        if nll < best_nll:
-            best_nll, best_k, best_e = nll, k, float(e)
+    plain = fit_sigma_scale(truth, mean, sigma, low, high)
+    best_nll, best_k, best_e = truncated_nll(truth, mean, plain * sigma, low, high), plain, 0.0
+    steps = int(round(EDGE_LIMIT / 0.1))
+    for direction in (1, -1):
+        near = math.log(plain)
+        for g in range(1, steps + 1):
+            e = direction * g * 0.1
+            nll, k = trial(e, near)
+            if k is None:
+                continue
+            near = math.log(k)
+            if nll < best_nll:
+                best_nll, best_k, best_e = nll, k, e
     lo, hi = max(-EDGE_LIMIT, best_e - 0.1), min(EDGE_LIMIT, best_e + 0.1)
     phi = (math.sqrt(5) - 1) / 2
     while hi - lo > 1e-4:
         x1, x2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
-        (n1, k1), (n2, k2) = trial(x1), trial(x2)
+        (n1, k1), (n2, k2) = trial(x1, math.log(best_k)), trial(x2, math.log(best_k))
         if n1 < n2:
             hi = x2
             if n1 < best_nll:
@@ -241,8 +271,6 @@ def fit_sigma_edge(truth, mean, sigma, low, high):
             lo = x1
             if n2 < best_nll:
                 best_nll, best_k, best_e = n2, k2, x2
-    if best_k is None:
-        raise ValueError("no edge term gives a calibration factor")
     return best_k, best_e
 
 
