@@ -169,6 +169,23 @@ def _walk(f, hi_log, near, step=0.25):
     return max(-7.0, x - step), min(hi_log, x + step)
 
 
+def _refine(trial, lo, hi, best):
+    """Golden section on [lo, hi] to 1e-4 of trial(x, best fit so far) -> (nll, fit), keeping the
+    lowest NLL seen in best = (nll, fit, x); returns it."""
+    phi = (math.sqrt(5) - 1) / 2
+    while hi - lo > 1e-4:
+        x1, x2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+        (n1, f1), (n2, f2) = trial(x1, best[1]), trial(x2, best[1])
+        if n1 < n2:
+            hi = x2
+        else:
+            lo = x1
+        n, f, x = (n1, f1, x1) if n1 < n2 else (n2, f2, x2)
+        if n < best[0]:
+            best = (n, f, x)
+    return best
+
+
 def fit_sigma_power(truth, mean, sigma, low=-np.inf, high=np.inf):
     """The power calibration sigma -> s r (sigma / r)^b of core/nn/uncertainty.cc's FitSigmaPower:
     r the geometric mean sigma, b over [0, 2] in steps of 0.05 then golden section, each b with its
@@ -190,19 +207,8 @@ def fit_sigma_power(truth, mean, sigma, low=-np.inf, high=np.inf):
         nll, s = trial(float(b))
         if nll < best_nll:
             best_nll, best_s, best_b = nll, s, float(b)
-    lo, hi = max(0.0, best_b - 0.05), min(2.0, best_b + 0.05)
-    phi = (math.sqrt(5) - 1) / 2
-    while hi - lo > 1e-4:
-        x1, x2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
-        (n1, s1), (n2, s2) = trial(x1), trial(x2)
-        if n1 < n2:
-            hi = x2
-            if n1 < best_nll:
-                best_nll, best_s, best_b = n1, s1, x1
-        else:
-            lo = x1
-            if n2 < best_nll:
-                best_nll, best_s, best_b = n2, s2, x2
+    best_nll, best_s, best_b = _refine(lambda b, _: trial(b), max(0.0, best_b - 0.05), min(2.0, best_b + 0.05),
+                                       (best_nll, best_s, best_b))
     if best_s is None:
         raise ValueError("no exponent gives a calibration factor")
     return best_s, best_b, r
@@ -258,19 +264,8 @@ def fit_sigma_edge(truth, mean, sigma, low, high):
             near = math.log(k)
             if nll < best_nll:
                 best_nll, best_k, best_e = nll, k, e
-    lo, hi = max(-EDGE_LIMIT, best_e - 0.1), min(EDGE_LIMIT, best_e + 0.1)
-    phi = (math.sqrt(5) - 1) / 2
-    while hi - lo > 1e-4:
-        x1, x2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
-        (n1, k1), (n2, k2) = trial(x1, math.log(best_k)), trial(x2, math.log(best_k))
-        if n1 < n2:
-            hi = x2
-            if n1 < best_nll:
-                best_nll, best_k, best_e = n1, k1, x1
-        else:
-            lo = x1
-            if n2 < best_nll:
-                best_nll, best_k, best_e = n2, k2, x2
+    _, best_k, best_e = _refine(lambda e, k: trial(e, math.log(k)), max(-EDGE_LIMIT, best_e - 0.1),
+                                min(EDGE_LIMIT, best_e + 0.1), (best_nll, best_k, best_e))
     return best_k, best_e
 
 

@@ -424,6 +424,22 @@ ExponentTrial TryExponent(const double* truth, const double* mean, const double*
   return {true, *s, TruncatedNll(truth, mean, work.data(), n, low, high, std::log(*s))};
 }
 
+// Golden section over x in [lo, hi] to 1e-4 of trial(x, log_hint) -> ExponentTrial, each search
+// started from the best factor so far; keeps the lowest NLL seen in (*x_best, *best).
+template <typename Trial>
+void RefineGolden(const Trial& trial, double lo, double hi, double* x_best, ExponentTrial* best) {
+  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
+  while (hi - lo > 1e-4) {
+    const double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo), hint = std::log(best->scale);
+    const ExponentTrial t1 = trial(x1, hint), t2 = trial(x2, hint);
+    if (!t1.ok || !t2.ok) break;
+    const bool first = t1.nll < t2.nll;
+    if (first) hi = x2; else lo = x1;
+    const ExponentTrial& t = first ? t1 : t2;
+    if (t.nll < best->nll) *best = t, *x_best = first ? x1 : x2;
+  }
+}
+
 }  // namespace
 
 StatusOr<PowerFit> FitSigmaPower(const double* truth, const double* mean, const double* sigma,
@@ -450,18 +466,11 @@ StatusOr<PowerFit> FitSigmaPower(const double* truth, const double* mean, const 
     }
   }
   // Golden section within one grid step either side.
-  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
-  double lo = std::max(0.0, best.exponent - 0.05), hi = std::min(2.0, best.exponent + 0.05);
-  while (hi - lo > 1e-4) {
-    const double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo);
-    const double hint = std::log(best.scale);
-    ExponentTrial t1 = TryExponent(truth, mean, sigma, n, low, high, best.reference, x1, hint, work);
-    ExponentTrial t2 = TryExponent(truth, mean, sigma, n, low, high, best.reference, x2, hint, work);
-    if (!t1.ok || !t2.ok) break;
-    if (t1.nll < t2.nll) hi = x2; else lo = x1;
-    const ExponentTrial& t = t1.nll < t2.nll ? t1 : t2;
-    if (t.nll < best_nll) best_nll = t.nll, best.scale = t.scale, best.exponent = t1.nll < t2.nll ? x1 : x2;
-  }
+  ExponentTrial kept{true, best.scale, best_nll};
+  RefineGolden([&](double b, double hint) {
+    return TryExponent(truth, mean, sigma, n, low, high, best.reference, b, hint, work);
+  }, std::max(0.0, best.exponent - 0.05), std::min(2.0, best.exponent + 0.05), &best.exponent, &kept);
+  best.scale = kept.scale;
   return best;
 }
 
@@ -488,17 +497,10 @@ StatusOr<EdgeFit> FitSigmaEdge(const double* truth, const double* mean, const do
       if (t.nll < best_nll) best_nll = t.nll, best = {t.scale, dir * g * kStep};
     }
   }
-  const double phi = 0.5 * (std::sqrt(5.0) - 1.0);
-  double lo = std::max(-kEdgeLimit, best.edge - kStep), hi = std::min(kEdgeLimit, best.edge + kStep);
-  while (hi - lo > 1e-4) {
-    const double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo), hint = std::log(best.scale);
-    ExponentTrial t1 = trial(x1, hint), t2 = trial(x2, hint);
-    if (!t1.ok || !t2.ok) break;
-    if (t1.nll < t2.nll) hi = x2; else lo = x1;
-    const bool first = t1.nll < t2.nll;
-    const ExponentTrial& t = first ? t1 : t2;
-    if (t.nll < best_nll) best_nll = t.nll, best = {t.scale, first ? x1 : x2};
-  }
+  ExponentTrial kept{true, best.scale, best_nll};
+  RefineGolden(trial, std::max(-kEdgeLimit, best.edge - kStep), std::min(kEdgeLimit, best.edge + kStep), &best.edge,
+               &kept);
+  best.scale = kept.scale;
   return best;
 }
 
