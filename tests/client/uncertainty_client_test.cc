@@ -148,6 +148,31 @@ TEST_F(UncertaintyClientTest, CliAndPythonCarrySigmaAndCovarianceAsServed) {
       << text.out;
 }
 
+// A power calibration with an edge term: every client's model info names the exponents and the
+// edge terms as the checkpoint holds them.
+TEST_F(UncertaintyClientTest, InfoCarriesThePowerCalibrationAndItsEdgeTerm) {
+  Checkpoint ckpt = MakeTinyHeadCheckpoint(5, 2, UncertaintyHead::kGaussianFull, {1.5, 0.8, 1.1});
+  ckpt.calibration.sigma_exponent = {0.5, 1.0, 0.0};
+  ckpt.calibration.sigma_reference = {0.1, 0.2, 0.3};
+  ckpt.calibration.sigma_edge = {0.25, 0.0, 0.0};
+  ckpt.calibration.prior_low = {0.2, 0.7, 0.9};
+  ckpt.calibration.prior_high = {0.4, 0.9, 1.0};
+  Start(ckpt);
+  Result info = Client("info --json");
+  ASSERT_EQ(info.code, 0) << info.err;
+  const json ij = json::parse(info.out);
+  EXPECT_EQ(ij["calibration_exponent"], json::array({0.5, 1.0, 0.0}));
+  EXPECT_EQ(ij["calibration_edge"], json::array({0.25, 0.0, 0.0}));
+  Result text = Client("info");
+  EXPECT_NE(text.out.find("x1.5 (sigma^0.5) (edge 0.25) / 0.8 (sigma^1) / 1.1 (sigma^0)"), std::string::npos)
+      << text.out;
+  Result py = Python("info --json");
+  ASSERT_EQ(py.code, 0) << py.err;
+  const json pj = json::parse(py.out);
+  EXPECT_EQ(pj["calibration_edge"], ij["calibration_edge"]);
+  EXPECT_EQ(pj["calibration_exponent"], ij["calibration_exponent"]);
+}
+
 TEST_F(UncertaintyClientTest, WithoutUncertaintyEveryClientSaysSo) {
   Start(MakeTinyCheckpoint(3, 1));
   Result cli = Client("predict --npy " + (dir_ / "cube.npy") + " --json");
