@@ -121,13 +121,98 @@ struct CicAxis {
   float t;
 };
 inline CicAxis CicAxisOf(float x, int g) {
+  // Selects, not branches: the kick's particle loop vectorises through this (universe.cc is
+  // compiled with -fno-trapping-math, which lets GCC if-convert and vectorise float code).
   const float xs = x - 0.5f;
   const float f = std::floor(xs);
-  int i0 = static_cast<int>(f);
-  CicAxis c{i0, i0 + 1, xs - f};
-  if (c.i0 < 0) c.i0 += g;
-  if (c.i1 >= g) c.i1 -= g;
-  return c;
+  const int i0 = static_cast<int>(f);
+  return CicAxis{i0 < 0 ? i0 + g : i0, i0 + 1 >= g ? i0 + 1 - g : i0 + 1, xs - f};
+}
+
+// The particle-mesh arrays one kick-drift pass reads and writes (psi1/psi2 only with COLA), and its
+// factors in float: cell units per Mpc/h, the kick and drift factors, the box (Mpc/h), COLA's
+// lpt1/lpt2/dd1/dd2 (ParticleMesh's ColaTerms) and the mesh side g.
+struct KickDriftArrays {
+  float* pos[3];
+  float* mom[3];
+  const float* psi1[3];
+  const float* psi2[3];
+  const float* force;  // g^3 cells, x y z interleaved
+};
+struct KickDriftFactors {
+  float inv_cell, kick, drift, box, lpt1, lpt2, dd1, dd2;
+  int g;
+};
+
+// Particles [begin, end) of one kick-drift pass: mom += kick * F(pos), F interpolated from the
+// mesh with the CIC kernel used for density (the same kernel both ways avoids self-forces); then
+// pos += drift * mom, wrapped into [0, box); with kCola, also COLA's terms (ColaTerms). A free
+// function with the pointers as restrict locals and one straight-line body, so that the loop
+// vectorises across particles: the eight corners' forces are gathers (Index int32_t lets one
+// gather fetch 16 lanes with AVX-512, 8 with AVX2).
+template <bool kCola, typename Index>
+void KickDriftRange(const KickDriftArrays& a, const KickDriftFactors& k, int64_t begin,
+                    int64_t end) {
+  float* __restrict px = a.pos[0], * __restrict py = a.pos[1], * __restrict pz = a.pos[2];
+  float* __restrict mx = a.mom[0], * __restrict my = a.mom[1], * __restrict mz = a.mom[2];
+  const float* __restrict s1x = a.psi1[0];
+  const float* __restrict s1y = a.psi1[1];
+  const float* __restrict s1z = a.psi1[2];
+  const float* __restrict s2x = a.psi2[0];
+  const float* __restrict s2y = a.psi2[1];
+  const float* __restrict s2z = a.psi2[2];
+  const float* __restrict f = a.force;
+  const float inv_cell = k.inv_cell, fk = k.kick, fd = k.drift, box = k.box;
+  const float l1 = k.lpt1, l2 = k.lpt2, d1 = k.dd1, d2 = k.dd2;
+  const int g = k.g;
+  const Index gi = g;
+  // A step moves a particle by far less than a box (a few Mpc/h), so one add or subtract wraps
+  // it; the last select only keeps a rounding case (x + box == box in float) inside [0, box).
+  auto wrap = [box](float x) {
+    x = x < 0 ? x + box : x;
+    x = x >= box ? x - box : x;
+    return x >= 0 && x < box ? x : 0.0f;
+  };
+#pragma omp simd
+  for (int64_t p = begin; p < end; ++p) {
+    const CicAxis cx = CicAxisOf(px[p] * inv_cell, g), cy = CicAxisOf(py[p] * inv_cell, g),
+                  cw = CicAxisOf(pz[p] * inv_cell, g);
+    const Index r0 = cx.i0 * gi, r1 = cx.i1 * gi, e0 = 3 * Index{cw.i0}, e1 = 3 * Index{cw.i1};
+    const Index l00 = 3 * (r0 + cy.i0) * gi, l01 = 3 * (r0 + cy.i1) * gi;
+    const Index l10 = 3 * (r1 + cy.i0) * gi, l11 = 3 * (r1 + cy.i1) * gi;
+    const float w00 = (1 - cx.t) * (1 - cy.t), w01 = (1 - cx.t) * cy.t;
+    const float w10 = cx.t * (1 - cy.t), w11 = cx.t * cy.t;
+    const float u0 = 1 - cw.t, u1 = cw.t;
+    float ax = 0, ay = 0, aw = 0;
+    auto corner = [&](Index at, float w) {
+      ax += w * f[at];
+      ay += w * f[at + 1];
+      aw += w * f[at + 2];
+    };
+    corner(l00 + e0, w00 * u0);
+    corner(l00 + e1, w00 * u1);
+    corner(l01 + e0, w01 * u0);
+    corner(l01 + e1, w01 * u1);
+    corner(l10 + e0, w10 * u0);
+    corner(l10 + e1, w10 * u1);
+    corner(l11 + e0, w11 * u0);
+    corner(l11 + e1, w11 * u1);
+    if constexpr (kCola) {
+      mx[p] += fk * ax - (l1 * s1x[p] + l2 * s2x[p]);
+      my[p] += fk * ay - (l1 * s1y[p] + l2 * s2y[p]);
+      mz[p] += fk * aw - (l1 * s1z[p] + l2 * s2z[p]);
+      px[p] = wrap(px[p] + fd * mx[p] + (d1 * s1x[p] + d2 * s2x[p]));
+      py[p] = wrap(py[p] + fd * my[p] + (d1 * s1y[p] + d2 * s2y[p]));
+      pz[p] = wrap(pz[p] + fd * mz[p] + (d1 * s1z[p] + d2 * s2z[p]));
+    } else {
+      mx[p] += fk * ax;
+      my[p] += fk * ay;
+      mz[p] += fk * aw;
+      px[p] = wrap(px[p] + fd * mx[p]);
+      py[p] = wrap(py[p] + fd * my[p]);
+      pz[p] = wrap(pz[p] + fd * mz[p]);
+    }
+  }
 }
 
 std::string Num(double v) {
@@ -692,72 +777,37 @@ struct UniverseGenerator::Impl {
     double lpt1 = 0, lpt2 = 0, dd1 = 0, dd2 = 0;
   };
 
-  // One kick-drift pass: mom += kick * F(pos), F interpolated from the mesh with the CIC kernel
-  // used for density (the same kernel both ways avoids self-forces); then pos += drift * mom,
-  // wrapped into [0, box) (each with COLA's terms when `cola` is given). Fused because both are
-  // per particle: one pass over the arrays.
+  // One kick-drift pass over every particle (KickDriftRange on each thread's share), with COLA's
+  // terms when `cola` is given. Kick and drift are fused because both are per particle: one pass
+  // over the arrays.
   void KickDrift(double box, double kick, double drift, const ColaTerms* cola) {
-    if (cola != nullptr) return KickDriftPass<true>(box, kick, drift, *cola);
-    KickDriftPass<false>(box, kick, drift, ColaTerms{});
+    // 32-bit force indices let a vector gather 16 (AVX-512) or 8 (AVX2) particles' forces at once;
+    // meshes too large for them (g > 812) take 64-bit ones.
+    const bool narrow = 3.0 * g * g * g < 2147483647.0;
+    if (cola != nullptr) {
+      return narrow ? KickDriftPass<true, int32_t>(box, kick, drift, *cola)
+                    : KickDriftPass<true, int64_t>(box, kick, drift, *cola);
+    }
+    return narrow ? KickDriftPass<false, int32_t>(box, kick, drift, ColaTerms{})
+                  : KickDriftPass<false, int64_t>(box, kick, drift, ColaTerms{});
   }
 
-  template <bool kCola>
+  template <bool kCola, typename Index>
   void KickDriftPass(double box, double kick, double drift, const ColaTerms& cola) {
     StageTimer timer(Stage(UniverseGenerator::kKickDrift));
-    const float inv_cell = static_cast<float>(g / box), fk = static_cast<float>(kick);
-    const float fd = static_cast<float>(drift), fbox = static_cast<float>(box);
-    const float l1 = static_cast<float>(cola.lpt1), l2 = static_cast<float>(cola.lpt2);
-    const float d1 = static_cast<float>(cola.dd1), d2 = static_cast<float>(cola.dd2);
-    const float* __restrict s1[3] = {psi1[0].get(), psi1[1].get(), psi1[2].get()};
-    const float* __restrict s2[3] = {psi2[0].get(), psi2[1].get(), psi2[2].get()};
-    const float* __restrict f = force.data();
+    const KickDriftArrays arrays{{pos[0], pos[1], pos[2]},
+                                 {mom[0], mom[1], mom[2]},
+                                 {psi1[0].get(), psi1[1].get(), psi1[2].get()},
+                                 {psi2[0].get(), psi2[1].get(), psi2[2].get()},
+                                 force.data()};
+    const auto f = [](double v) { return static_cast<float>(v); };
+    const KickDriftFactors factors{f(g / box),   f(kick),     f(drift),    f(box), f(cola.lpt1),
+                                   f(cola.lpt2), f(cola.dd1), f(cola.dd2), g};
     const int64_t particles = static_cast<int64_t>(real_size);
-    float* __restrict mx = mom[0], * __restrict my = mom[1], * __restrict mz = mom[2];
-    float* __restrict px = pos[0], * __restrict py = pos[1], * __restrict pz = pos[2];
-    // Selects, not branches, so that the loop vectorises. A step moves a particle by far less
-    // than a box (a few Mpc/h), so one add or subtract wraps it; the last select only keeps a
-    // rounding case (x + box == box in float) inside [0, box).
-    auto wrap = [fbox](float x) {
-      x = x < 0 ? x + fbox : x;
-      x = x >= fbox ? x - fbox : x;
-      return x >= 0 && x < fbox ? x : 0.0f;
-    };
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t p = 0; p < particles; ++p) {
-      const CicAxis cx = CicAxisOf(px[p] * inv_cell, g), cy = CicAxisOf(py[p] * inv_cell, g),
-                    cw = CicAxisOf(pz[p] * inv_cell, g);
-      const int64_t rows[2] = {int64_t{cx.i0} * g, int64_t{cx.i1} * g};
-      const int cols[2] = {cy.i0, cy.i1}, deps[2] = {3 * cw.i0, 3 * cw.i1};
-      const float wx[2] = {1 - cx.t, cx.t}, wy[2] = {1 - cy.t, cy.t}, ww[2] = {1 - cw.t, cw.t};
-      float ax = 0, ay = 0, aw = 0;
-      for (int da = 0; da < 2; ++da) {
-        for (int db = 0; db < 2; ++db) {
-          const float* line = f + 3 * (rows[da] + cols[db]) * g;
-          const float wab = wx[da] * wy[db];
-          for (int de = 0; de < 2; ++de) {
-            const float* c = line + deps[de];
-            const float wgt = wab * ww[de];
-            ax += wgt * c[0];
-            ay += wgt * c[1];
-            aw += wgt * c[2];
-          }
-        }
-      }
-      if constexpr (kCola) {
-        mx[p] += fk * ax - (l1 * s1[0][p] + l2 * s2[0][p]);
-        my[p] += fk * ay - (l1 * s1[1][p] + l2 * s2[1][p]);
-        mz[p] += fk * aw - (l1 * s1[2][p] + l2 * s2[2][p]);
-        px[p] = wrap(px[p] + fd * mx[p] + (d1 * s1[0][p] + d2 * s2[0][p]));
-        py[p] = wrap(py[p] + fd * my[p] + (d1 * s1[1][p] + d2 * s2[1][p]));
-        pz[p] = wrap(pz[p] + fd * mz[p] + (d1 * s1[2][p] + d2 * s2[2][p]));
-      } else {
-        mx[p] += fk * ax;
-        my[p] += fk * ay;
-        mz[p] += fk * aw;
-        px[p] = wrap(px[p] + fd * mx[p]);
-        py[p] = wrap(py[p] + fd * my[p]);
-        pz[p] = wrap(pz[p] + fd * mz[p]);
-      }
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      KickDriftRange<kCola, Index>(arrays, factors, particles * t / nt, particles * (t + 1) / nt);
     }
   }
 
