@@ -496,33 +496,52 @@ struct UniverseGenerator::Impl {
   LargeVector<int64_t> mass_grids;  // one per thread
   LargeVector<float> mass;          // the summed grid, in particles
 
-  // Adds one particle at (x, y, w), in cell units and already wrapped into [0, g), to `grid`
-  // (g^3 cells): NGP, or CIC (the particle as a cell-sized cube; cell centres at integer + 0.5).
-  // Neighbour indices wrap with a compare, not a modulo: this runs 2^21 times per mesh.
-  static inline void AssignOne(int64_t* grid, int g, bool cic, float x, float y, float w) {
+  // Adds particles [begin, end) to `grid` (g^3 cells) by NGP, or CIC (each particle as a
+  // cell-sized cube; cell centres at integer + 0.5). cell(p, &x, &y, &w) gives particle p's
+  // position in cell units, in [0, g] (g itself wraps to 0 in the kernel).
+  template <typename Cell>
+  static void AssignRange(int64_t* grid, int g, bool cic, int64_t begin, int64_t end, Cell cell) {
     if (!cic) {
-      const int64_t a = std::min(static_cast<int>(x), g - 1);
-      const int64_t b = std::min(static_cast<int>(y), g - 1);
-      const int64_t e = std::min(static_cast<int>(w), g - 1);
-      grid[(a * g + b) * g + e] += kMassOne;
+      for (int64_t p = begin; p < end; ++p) {
+        float x, y, w;
+        cell(p, &x, &y, &w);
+        const int64_t a = std::min(static_cast<int>(x), g - 1);
+        const int64_t b = std::min(static_cast<int>(y), g - 1);
+        const int64_t e = std::min(static_cast<int>(w), g - 1);
+        grid[(a * g + b) * g + e] += kMassOne;
+      }
       return;
     }
-    const CicAxis cx = CicAxisOf(x, g), cy = CicAxisOf(y, g), cw = CicAxisOf(w, g);
-    const int64_t rows[2] = {int64_t{cx.i0} * g, int64_t{cx.i1} * g};
-    const int cols[2] = {cy.i0, cy.i1}, deps[2] = {cw.i0, cw.i1};
-    const float wx[2] = {1 - cx.t, cx.t}, wy[2] = {1 - cy.t, cy.t}, ww[2] = {1 - cw.t, cw.t};
-    for (int da = 0; da < 2; ++da) {
-      for (int db = 0; db < 2; ++db) {
-        int64_t* line = grid + (rows[da] + cols[db]) * g;
-        const float wab = wx[da] * wy[db] * kMassOneF;
-        line[deps[0]] += static_cast<int64_t>(wab * ww[0] + 0.5f);
-        line[deps[1]] += static_cast<int64_t>(wab * ww[1] + 0.5f);
+    // CIC in chunks: the corners' cells and fixed-point masses of kChunk particles in one loop
+    // that vectorises, then their adds in a scalar one (two lanes of a scatter may hit one cell).
+    // A corner's mass is at most kMassOne, so it fits an int32.
+    constexpr int kChunk = 64;
+    int32_t ix[2][kChunk], iy[2][kChunk], iz[2][kChunk], m[8][kChunk];
+    for (int64_t p0 = begin; p0 < end; p0 += kChunk) {
+      const int n = static_cast<int>(std::min<int64_t>(kChunk, end - p0));
+#pragma omp simd
+      for (int i = 0; i < n; ++i) {
+        float x, y, w;
+        cell(p0 + i, &x, &y, &w);
+        const CicAxis cx = CicAxisOf(x, g), cy = CicAxisOf(y, g), cw = CicAxisOf(w, g);
+        ix[0][i] = cx.i0, ix[1][i] = cx.i1, iy[0][i] = cy.i0, iy[1][i] = cy.i1;
+        iz[0][i] = cw.i0, iz[1][i] = cw.i1;
+        const float wx[2] = {1 - cx.t, cx.t}, wy[2] = {1 - cy.t, cy.t}, ww[2] = {1 - cw.t, cw.t};
+        for (int c = 0; c < 8; ++c) {
+          const float wab = wx[c >> 2] * wy[(c >> 1) & 1] * kMassOneF;
+          m[c][i] = static_cast<int32_t>(wab * ww[c & 1] + 0.5f);
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        for (int c = 0; c < 8; ++c) {
+          const int64_t row = int64_t{ix[c >> 2][i]} * g + iy[(c >> 1) & 1][i];
+          grid[row * g + iz[c & 1][i]] += m[c][i];
+        }
       }
     }
   }
 
-  // Sums the mass of every particle into the per-thread grids of g^3 cells. cell(p, &x, &y, &w)
-  // gives particle p's position in cell units, in [0, g] (g itself wraps to 0 in the kernel).
+  // Sums the mass of every particle into the per-thread grids of g^3 cells (cell as AssignRange's).
   template <typename Cell>
   void AccumulateMass(int g, bool cic, Cell cell) {
     const int64_t cells = int64_t{g} * g * g;
@@ -530,13 +549,9 @@ struct UniverseGenerator::Impl {
     const int64_t particles = static_cast<int64_t>(real_size);
 #pragma omp parallel num_threads(threads)
     {
-      int64_t* grid = mass_grids.data() + size_t(omp_get_thread_num()) * cells;
-#pragma omp for schedule(static)
-      for (int64_t p = 0; p < particles; ++p) {
-        float x, y, w;
-        cell(p, &x, &y, &w);
-        AssignOne(grid, g, cic, x, y, w);
-      }
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      int64_t* grid = mass_grids.data() + size_t(t) * cells;
+      AssignRange(grid, g, cic, particles * t / nt, particles * (t + 1) / nt, cell);
     }
   }
 
