@@ -501,21 +501,27 @@ struct UniverseGenerator::Impl {
   // position in cell units, in [0, g] (g itself wraps to 0 in the kernel).
   template <typename Cell>
   static void AssignRange(int64_t* grid, int g, bool cic, int64_t begin, int64_t end, Cell cell) {
+    // In chunks: the cells (and CIC's fixed-point masses) of kChunk particles in one loop that
+    // vectorises, then their adds in a scalar one (two lanes of a scatter may hit one cell).
+    constexpr int kChunk = 64;
     if (!cic) {
-      for (int64_t p = begin; p < end; ++p) {
-        float x, y, w;
-        cell(p, &x, &y, &w);
-        const int64_t a = std::min(static_cast<int>(x), g - 1);
-        const int64_t b = std::min(static_cast<int>(y), g - 1);
-        const int64_t e = std::min(static_cast<int>(w), g - 1);
-        grid[(a * g + b) * g + e] += kMassOne;
+      int64_t at[kChunk];
+      for (int64_t p0 = begin; p0 < end; p0 += kChunk) {
+        const int n = static_cast<int>(std::min<int64_t>(kChunk, end - p0));
+#pragma omp simd
+        for (int i = 0; i < n; ++i) {
+          float x, y, w;
+          cell(p0 + i, &x, &y, &w);
+          const int64_t a = std::min(static_cast<int>(x), g - 1);
+          const int64_t b = std::min(static_cast<int>(y), g - 1);
+          const int64_t e = std::min(static_cast<int>(w), g - 1);
+          at[i] = (a * g + b) * g + e;
+        }
+        for (int i = 0; i < n; ++i) grid[at[i]] += kMassOne;
       }
       return;
     }
-    // CIC in chunks: the corners' cells and fixed-point masses of kChunk particles in one loop
-    // that vectorises, then their adds in a scalar one (two lanes of a scatter may hit one cell).
-    // A corner's mass is at most kMassOne, so it fits an int32.
-    constexpr int kChunk = 64;
+    // A CIC corner's mass is at most kMassOne, so it fits an int32.
     int32_t ix[2][kChunk], iy[2][kChunk], iz[2][kChunk], m[8][kChunk];
     for (int64_t p0 = begin; p0 < end; p0 += kChunk) {
       const int n = static_cast<int>(std::min<int64_t>(kChunk, end - p0));
