@@ -496,32 +496,34 @@ struct UniverseGenerator::Impl {
   LargeVector<int64_t> mass_grids;  // one per thread
   LargeVector<float> mass;          // the summed grid, in particles
 
-  // Adds particles [begin, end) to `grid` (g^3 cells) by NGP, or CIC (each particle as a
-  // cell-sized cube; cell centres at integer + 0.5). cell(p, &x, &y, &w) gives particle p's
-  // position in cell units, in [0, g] (g itself wraps to 0 in the kernel).
+  // Adds particles [begin, end) to `grid` (g^3 cells), each a mass of kMassOne in the cell that
+  // holds it (NGP). cell(p, &x, &y, &w) gives particle p's position in cell units, in [0, g].
+  // Both assignments run in chunks: the cells (and CIC's masses) of kChunk particles in one loop
+  // that vectorises, then their adds in a scalar one (two lanes of a scatter may hit one cell).
+  static constexpr int kChunk = 64;
   template <typename Cell>
-  static void AssignRange(int64_t* grid, int g, bool cic, int64_t begin, int64_t end, Cell cell) {
-    // In chunks: the cells (and CIC's fixed-point masses) of kChunk particles in one loop that
-    // vectorises, then their adds in a scalar one (two lanes of a scatter may hit one cell).
-    constexpr int kChunk = 64;
-    if (!cic) {
-      int64_t at[kChunk];
-      for (int64_t p0 = begin; p0 < end; p0 += kChunk) {
-        const int n = static_cast<int>(std::min<int64_t>(kChunk, end - p0));
+  static void AssignNgp(int64_t* grid, int g, int64_t begin, int64_t end, Cell cell) {
+    int64_t at[kChunk];
+    for (int64_t p0 = begin; p0 < end; p0 += kChunk) {
+      const int n = static_cast<int>(std::min<int64_t>(kChunk, end - p0));
 #pragma omp simd
-        for (int i = 0; i < n; ++i) {
-          float x, y, w;
-          cell(p0 + i, &x, &y, &w);
-          const int64_t a = std::min(static_cast<int>(x), g - 1);
-          const int64_t b = std::min(static_cast<int>(y), g - 1);
-          const int64_t e = std::min(static_cast<int>(w), g - 1);
-          at[i] = (a * g + b) * g + e;
-        }
-        for (int i = 0; i < n; ++i) grid[at[i]] += kMassOne;
+      for (int i = 0; i < n; ++i) {
+        float x, y, w;
+        cell(p0 + i, &x, &y, &w);
+        const int64_t a = std::min(static_cast<int>(x), g - 1);
+        const int64_t b = std::min(static_cast<int>(y), g - 1);
+        const int64_t e = std::min(static_cast<int>(w), g - 1);
+        at[i] = (a * g + b) * g + e;
       }
-      return;
+      for (int i = 0; i < n; ++i) grid[at[i]] += kMassOne;
     }
-    // A CIC corner's mass is at most kMassOne, so it fits an int32.
+  }
+
+  // As AssignNgp, by CIC: each particle a cell-sized cube (cell centres at integer + 0.5), its
+  // mass shared by the 8 cells it overlaps; x == g wraps to 0. A corner's share is at most
+  // kMassOne, so it fits an int32.
+  template <typename Cell>
+  static void AssignCic(int64_t* grid, int g, int64_t begin, int64_t end, Cell cell) {
     int32_t ix[2][kChunk], iy[2][kChunk], iz[2][kChunk], m[8][kChunk];
     for (int64_t p0 = begin; p0 < end; p0 += kChunk) {
       const int n = static_cast<int>(std::min<int64_t>(kChunk, end - p0));
@@ -547,7 +549,7 @@ struct UniverseGenerator::Impl {
     }
   }
 
-  // Sums the mass of every particle into the per-thread grids of g^3 cells (cell as AssignRange's).
+  // Sums the mass of every particle into the per-thread grids of g^3 cells (cell as AssignNgp's).
   template <typename Cell>
   void AccumulateMass(int g, bool cic, Cell cell) {
     const int64_t cells = int64_t{g} * g * g;
@@ -557,7 +559,12 @@ struct UniverseGenerator::Impl {
     {
       const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
       int64_t* grid = mass_grids.data() + size_t(t) * cells;
-      AssignRange(grid, g, cic, particles * t / nt, particles * (t + 1) / nt, cell);
+      const int64_t begin = particles * t / nt, end = particles * (t + 1) / nt;
+      if (cic) {
+        AssignCic(grid, g, begin, end, cell);
+      } else {
+        AssignNgp(grid, g, begin, end, cell);
+      }
     }
   }
 
