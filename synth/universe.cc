@@ -13,6 +13,7 @@
 #include <new>
 #include <sstream>
 
+#include "synth/pm_kernels.h"
 #include "synth/random.h"
 
 namespace cosmoflow {
@@ -112,107 +113,6 @@ inline float WrapCell(double x, int g) {
   x -= g * std::floor(x / g);
   const float f = static_cast<float>(x);
   return f < static_cast<float>(g) ? f : 0.0f;
-}
-
-// The CIC kernel along one axis for a coordinate x in [0, g) (cell units, centres at i + 0.5):
-// cells i0 and i1 = i0 + 1 (periodic) with weights 1 - t and t.
-struct CicAxis {
-  int i0, i1;
-  float t;
-};
-inline CicAxis CicAxisOf(float x, int g) {
-  // Selects, not branches: the kick's particle loop vectorises through this (universe.cc is
-  // compiled with -fno-trapping-math, which lets GCC if-convert and vectorise float code).
-  const float xs = x - 0.5f;
-  const float f = std::floor(xs);
-  const int i0 = static_cast<int>(f);
-  return CicAxis{i0 < 0 ? i0 + g : i0, i0 + 1 >= g ? i0 + 1 - g : i0 + 1, xs - f};
-}
-
-// The particle-mesh arrays one kick-drift pass reads and writes (psi1/psi2 only with COLA), and its
-// factors in float: cell units per Mpc/h, the kick and drift factors, the box (Mpc/h), COLA's
-// lpt1/lpt2/dd1/dd2 (ParticleMesh's ColaTerms) and the mesh side g.
-struct KickDriftArrays {
-  float* pos[3];
-  float* mom[3];
-  const float* psi1[3];
-  const float* psi2[3];
-  const float* force;  // g^3 cells, x y z interleaved
-};
-struct KickDriftFactors {
-  float inv_cell, kick, drift, box, lpt1, lpt2, dd1, dd2;
-  int g;
-};
-
-// Particles [begin, end) of one kick-drift pass: mom += kick * F(pos), F interpolated from the
-// mesh with the CIC kernel used for density (the same kernel both ways avoids self-forces); then
-// pos += drift * mom, wrapped into [0, box); with kCola, also COLA's terms (ColaTerms). A free
-// function with the pointers as restrict locals and one straight-line body, so that the loop
-// vectorises across particles: the eight corners' forces are gathers (Index int32_t lets one
-// gather fetch 16 lanes with AVX-512, 8 with AVX2).
-template <bool kCola, typename Index>
-void KickDriftRange(const KickDriftArrays& a, const KickDriftFactors& k, int64_t begin,
-                    int64_t end) {
-  float* __restrict px = a.pos[0], * __restrict py = a.pos[1], * __restrict pz = a.pos[2];
-  float* __restrict mx = a.mom[0], * __restrict my = a.mom[1], * __restrict mz = a.mom[2];
-  const float* __restrict s1x = a.psi1[0];
-  const float* __restrict s1y = a.psi1[1];
-  const float* __restrict s1z = a.psi1[2];
-  const float* __restrict s2x = a.psi2[0];
-  const float* __restrict s2y = a.psi2[1];
-  const float* __restrict s2z = a.psi2[2];
-  const float* __restrict f = a.force;
-  const float inv_cell = k.inv_cell, fk = k.kick, fd = k.drift, box = k.box;
-  const float l1 = k.lpt1, l2 = k.lpt2, d1 = k.dd1, d2 = k.dd2;
-  const int g = k.g;
-  const Index gi = g;
-  // A step moves a particle by far less than a box (a few Mpc/h), so one add or subtract wraps
-  // it; the last select only keeps a rounding case (x + box == box in float) inside [0, box).
-  auto wrap = [box](float x) {
-    x = x < 0 ? x + box : x;
-    x = x >= box ? x - box : x;
-    return x >= 0 && x < box ? x : 0.0f;
-  };
-#pragma omp simd
-  for (int64_t p = begin; p < end; ++p) {
-    const CicAxis cx = CicAxisOf(px[p] * inv_cell, g), cy = CicAxisOf(py[p] * inv_cell, g),
-                  cw = CicAxisOf(pz[p] * inv_cell, g);
-    const Index r0 = cx.i0 * gi, r1 = cx.i1 * gi, e0 = 3 * Index{cw.i0}, e1 = 3 * Index{cw.i1};
-    const Index l00 = 3 * (r0 + cy.i0) * gi, l01 = 3 * (r0 + cy.i1) * gi;
-    const Index l10 = 3 * (r1 + cy.i0) * gi, l11 = 3 * (r1 + cy.i1) * gi;
-    const float w00 = (1 - cx.t) * (1 - cy.t), w01 = (1 - cx.t) * cy.t;
-    const float w10 = cx.t * (1 - cy.t), w11 = cx.t * cy.t;
-    const float u0 = 1 - cw.t, u1 = cw.t;
-    float ax = 0, ay = 0, aw = 0;
-    auto corner = [&](Index at, float w) {
-      ax += w * f[at];
-      ay += w * f[at + 1];
-      aw += w * f[at + 2];
-    };
-    corner(l00 + e0, w00 * u0);
-    corner(l00 + e1, w00 * u1);
-    corner(l01 + e0, w01 * u0);
-    corner(l01 + e1, w01 * u1);
-    corner(l10 + e0, w10 * u0);
-    corner(l10 + e1, w10 * u1);
-    corner(l11 + e0, w11 * u0);
-    corner(l11 + e1, w11 * u1);
-    if constexpr (kCola) {
-      mx[p] += fk * ax - (l1 * s1x[p] + l2 * s2x[p]);
-      my[p] += fk * ay - (l1 * s1y[p] + l2 * s2y[p]);
-      mz[p] += fk * aw - (l1 * s1z[p] + l2 * s2z[p]);
-      px[p] = wrap(px[p] + fd * mx[p] + (d1 * s1x[p] + d2 * s2x[p]));
-      py[p] = wrap(py[p] + fd * my[p] + (d1 * s1y[p] + d2 * s2y[p]));
-      pz[p] = wrap(pz[p] + fd * mz[p] + (d1 * s1z[p] + d2 * s2z[p]));
-    } else {
-      mx[p] += fk * ax;
-      my[p] += fk * ay;
-      mz[p] += fk * aw;
-      px[p] = wrap(px[p] + fd * mx[p]);
-      py[p] = wrap(py[p] + fd * my[p]);
-      pz[p] = wrap(pz[p] + fd * mz[p]);
-    }
-  }
 }
 
 std::string Num(double v) {
@@ -488,68 +388,13 @@ struct UniverseGenerator::Impl {
     }
   }
 
-  // Mass is accumulated in fixed point (kMassOne per particle) in 64-bit integers: integer sums
-  // do not depend on the order of addition, so the result is the same for any thread count
-  // (float partial sums would differ in the last bit, and the particle mesh amplifies that).
-  static constexpr int64_t kMassOne = int64_t{1} << 24;
-  static constexpr float kMassOneF = static_cast<float>(kMassOne);
+  // Mass in fixed point (pm::kMassOne per particle, pm_kernels.h says why).
+  static constexpr int64_t kMassOne = pm::kMassOne;
   LargeVector<int64_t> mass_grids;  // one per thread
   LargeVector<float> mass;          // the summed grid, in particles
 
-  // Adds particles [begin, end) to `grid` (g^3 cells), each a mass of kMassOne in the cell that
-  // holds it (NGP). cell(p, &x, &y, &w) gives particle p's position in cell units, in [0, g].
-  // Both assignments run in chunks: the cells (and CIC's masses) of kChunk particles in one loop
-  // that vectorises, then their adds in a scalar one (two lanes of a scatter may hit one cell).
-  static constexpr int kChunk = 64;
-  template <typename Cell>
-  static void AssignNgp(int64_t* grid, int g, int64_t begin, int64_t end, Cell cell) {
-    int64_t at[kChunk];
-    for (int64_t p0 = begin; p0 < end; p0 += kChunk) {
-      const int n = static_cast<int>(std::min<int64_t>(kChunk, end - p0));
-#pragma omp simd
-      for (int i = 0; i < n; ++i) {
-        float x, y, w;
-        cell(p0 + i, &x, &y, &w);
-        const int64_t a = std::min(static_cast<int>(x), g - 1);
-        const int64_t b = std::min(static_cast<int>(y), g - 1);
-        const int64_t e = std::min(static_cast<int>(w), g - 1);
-        at[i] = (a * g + b) * g + e;
-      }
-      for (int i = 0; i < n; ++i) grid[at[i]] += kMassOne;
-    }
-  }
-
-  // As AssignNgp, by CIC: each particle a cell-sized cube (cell centres at integer + 0.5), its
-  // mass shared by the 8 cells it overlaps; x == g wraps to 0. A corner's share is at most
-  // kMassOne, so it fits an int32.
-  template <typename Cell>
-  static void AssignCic(int64_t* grid, int g, int64_t begin, int64_t end, Cell cell) {
-    int32_t ix[2][kChunk], iy[2][kChunk], iz[2][kChunk], m[8][kChunk];
-    for (int64_t p0 = begin; p0 < end; p0 += kChunk) {
-      const int n = static_cast<int>(std::min<int64_t>(kChunk, end - p0));
-#pragma omp simd
-      for (int i = 0; i < n; ++i) {
-        float x, y, w;
-        cell(p0 + i, &x, &y, &w);
-        const CicAxis cx = CicAxisOf(x, g), cy = CicAxisOf(y, g), cw = CicAxisOf(w, g);
-        ix[0][i] = cx.i0, ix[1][i] = cx.i1, iy[0][i] = cy.i0, iy[1][i] = cy.i1;
-        iz[0][i] = cw.i0, iz[1][i] = cw.i1;
-        const float wx[2] = {1 - cx.t, cx.t}, wy[2] = {1 - cy.t, cy.t}, ww[2] = {1 - cw.t, cw.t};
-        for (int c = 0; c < 8; ++c) {
-          const float wab = wx[c >> 2] * wy[(c >> 1) & 1] * kMassOneF;
-          m[c][i] = static_cast<int32_t>(wab * ww[c & 1] + 0.5f);
-        }
-      }
-      for (int i = 0; i < n; ++i) {
-        for (int c = 0; c < 8; ++c) {
-          const int64_t row = int64_t{ix[c >> 2][i]} * g + iy[(c >> 1) & 1][i];
-          grid[row * g + iz[c & 1][i]] += m[c][i];
-        }
-      }
-    }
-  }
-
-  // Sums the mass of every particle into the per-thread grids of g^3 cells (cell as AssignNgp's).
+  // Sums the mass of every particle into the per-thread grids of g^3 cells (cell as in
+  // pm::AssignNgp).
   template <typename Cell>
   void AccumulateMass(int g, bool cic, Cell cell) {
     const int64_t cells = int64_t{g} * g * g;
@@ -561,9 +406,9 @@ struct UniverseGenerator::Impl {
       int64_t* grid = mass_grids.data() + size_t(t) * cells;
       const int64_t begin = particles * t / nt, end = particles * (t + 1) / nt;
       if (cic) {
-        AssignCic(grid, g, begin, end, cell);
+        pm::AssignCic(grid, g, begin, end, cell);
       } else {
-        AssignNgp(grid, g, begin, end, cell);
+        pm::AssignNgp(grid, g, begin, end, cell);
       }
     }
   }
@@ -805,9 +650,9 @@ struct UniverseGenerator::Impl {
     double lpt1 = 0, lpt2 = 0, dd1 = 0, dd2 = 0;
   };
 
-  // One kick-drift pass over every particle (KickDriftRange on each thread's share), with COLA's
-  // terms when `cola` is given. Kick and drift are fused because both are per particle: one pass
-  // over the arrays.
+  // One kick-drift pass over every particle (pm::KickDriftRange on each thread's share), with
+  // COLA's terms when `cola` is given. Kick and drift are fused because both are per particle: one
+  // pass over the arrays.
   void KickDrift(double box, double kick, double drift, const ColaTerms* cola) {
     // 32-bit force indices let a vector gather 16 (AVX-512) or 8 (AVX2) particles' forces at once;
     // meshes too large for them (g > 812) take 64-bit ones.
@@ -823,19 +668,20 @@ struct UniverseGenerator::Impl {
   template <bool kCola, typename Index>
   void KickDriftPass(double box, double kick, double drift, const ColaTerms& cola) {
     StageTimer timer(Stage(UniverseGenerator::kKickDrift));
-    const KickDriftArrays arrays{{pos[0], pos[1], pos[2]},
-                                 {mom[0], mom[1], mom[2]},
-                                 {psi1[0].get(), psi1[1].get(), psi1[2].get()},
-                                 {psi2[0].get(), psi2[1].get(), psi2[2].get()},
-                                 force.data()};
+    const pm::KickDriftArrays arrays{{pos[0], pos[1], pos[2]},
+                                     {mom[0], mom[1], mom[2]},
+                                     {psi1[0].get(), psi1[1].get(), psi1[2].get()},
+                                     {psi2[0].get(), psi2[1].get(), psi2[2].get()},
+                                     force.data()};
     const auto f = [](double v) { return static_cast<float>(v); };
-    const KickDriftFactors factors{f(g / box),   f(kick),     f(drift),    f(box), f(cola.lpt1),
-                                   f(cola.lpt2), f(cola.dd1), f(cola.dd2), g};
+    const pm::KickDriftFactors factors{f(g / box),   f(kick),     f(drift),    f(box), f(cola.lpt1),
+                                       f(cola.lpt2), f(cola.dd1), f(cola.dd2), g};
     const int64_t particles = static_cast<int64_t>(real_size);
 #pragma omp parallel num_threads(threads)
     {
       const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      KickDriftRange<kCola, Index>(arrays, factors, particles * t / nt, particles * (t + 1) / nt);
+      pm::KickDriftRange<kCola, Index>(arrays, factors, particles * t / nt,
+                                       particles * (t + 1) / nt);
     }
   }
 
