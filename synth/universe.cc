@@ -655,7 +655,7 @@ struct UniverseGenerator::Impl {
   // pass over the arrays.
   void KickDrift(double box, double kick, double drift, const ColaTerms* cola) {
     // 32-bit force indices let a vector gather 16 (AVX-512) or 8 (AVX2) particles' forces at once;
-    // meshes too large for them (g > 812) take 64-bit ones.
+    // meshes too large for them (g > 894) take 64-bit ones.
     const bool narrow = 3.0 * g * g * g < 2147483647.0;
     if (cola != nullptr) {
       return narrow ? KickDriftPass<true, int32_t>(box, kick, drift, *cola)
