@@ -40,6 +40,29 @@ struct Cloud {
 
 int Wrap(int i, int g) { return ((i % g) + g) % g; }
 
+// The naive CIC kernel in double: visit(cell, weight) for each of the 8 cells that a cell-sized
+// cube at (x, y, w) (cell units, centres at i + 0.5) overlaps, on a periodic grid of g^3 cells.
+template <typename Visit>
+void ForEachCicCorner(const double x[3], int g, Visit visit) {
+  double c[3];
+  int i[3];
+  for (int axis = 0; axis < 3; ++axis) {
+    c[axis] = x[axis] - 0.5;
+    i[axis] = static_cast<int>(std::floor(c[axis]));
+  }
+  for (int corner = 0; corner < 8; ++corner) {
+    double weight = 1;
+    int cell[3];
+    for (int axis = 0; axis < 3; ++axis) {
+      const int up = (corner >> (2 - axis)) & 1;
+      const double t = c[axis] - i[axis];
+      weight *= up ? t : 1 - t;
+      cell[axis] = Wrap(i[axis] + up, g);
+    }
+    visit((int64_t{cell[0]} * g + cell[1]) * g + cell[2], weight);
+  }
+}
+
 TEST(PmKernelsTest, CicAxisSplitsBetweenNeighbouringCentresAndWraps) {
   const CicAxis centre = CicAxisOf(0.5f, 8);
   EXPECT_EQ(centre.i0, 0);
@@ -83,22 +106,11 @@ TEST(PmKernelsTest, CicMatchesNaiveSharesAndConservesMass) {
   std::vector<double> exact(g * g * g, 0.0);
   std::vector<int> contributions(g * g * g, 0);
   for (int64_t p = 0; p < cloud.size(); ++p) {
-    const double c[3] = {cloud.x[p] - 0.5, cloud.y[p] - 0.5, cloud.w[p] - 0.5};
-    const int i[3] = {static_cast<int>(std::floor(c[0])), static_cast<int>(std::floor(c[1])),
-                      static_cast<int>(std::floor(c[2]))};
-    for (int corner = 0; corner < 8; ++corner) {
-      double share = 1;
-      int cell[3];
-      for (int axis = 0; axis < 3; ++axis) {
-        const int up = (corner >> (2 - axis)) & 1;
-        const double t = c[axis] - i[axis];
-        share *= up ? t : 1 - t;
-        cell[axis] = Wrap(i[axis] + up, g);
-      }
-      const int v = (cell[0] * g + cell[1]) * g + cell[2];
+    const double x[3] = {cloud.x[p], cloud.y[p], cloud.w[p]};
+    ForEachCicCorner(x, g, [&](int64_t v, double share) {
       exact[v] += share * kMassOne;
       ++contributions[v];
-    }
+    });
   }
   int64_t total = 0;
   for (int v = 0; v < g * g * g; ++v) {
@@ -137,26 +149,12 @@ struct Particles {
 
 void NaiveKickDrift(const std::vector<float>& force, const KickDriftFactors& k, bool cola,
                     Particles* s, int64_t p) {
-  const int g = k.g;
-  double c[3];
-  int i[3];
-  for (int axis = 0; axis < 3; ++axis) {
-    c[axis] = s->pos[axis][p] * static_cast<double>(k.inv_cell) - 0.5;
-    i[axis] = static_cast<int>(std::floor(c[axis]));
-  }
+  const double x[3] = {s->pos[0][p] * double{k.inv_cell}, s->pos[1][p] * double{k.inv_cell},
+                       s->pos[2][p] * double{k.inv_cell}};
   double acc[3] = {0, 0, 0};
-  for (int corner = 0; corner < 8; ++corner) {
-    double weight = 1;
-    int cell[3];
-    for (int axis = 0; axis < 3; ++axis) {
-      const int up = (corner >> (2 - axis)) & 1;
-      const double t = c[axis] - i[axis];
-      weight *= up ? t : 1 - t;
-      cell[axis] = Wrap(i[axis] + up, g);
-    }
-    const int64_t v = (int64_t{cell[0]} * g + cell[1]) * g + cell[2];
+  ForEachCicCorner(x, k.g, [&](int64_t v, double weight) {
     for (int axis = 0; axis < 3; ++axis) acc[axis] += weight * force[3 * v + axis];
-  }
+  });
   for (int axis = 0; axis < 3; ++axis) {
     const double s1 = s->psi1[axis][p], s2 = s->psi2[axis][p];
     double m = s->mom[axis][p] + double{k.kick} * acc[axis];
