@@ -388,9 +388,7 @@ struct UniverseGenerator::Impl {
     }
   }
 
-  // Mass in fixed point (pm::kMassOne per particle, pm_kernels.h says why).
-  static constexpr int64_t kMassOne = pm::kMassOne;
-  LargeVector<int64_t> mass_grids;  // one per thread
+  LargeVector<int64_t> mass_grids;  // one per thread, in fixed point (pm::kMassOne per particle)
   LargeVector<float> mass;          // the summed grid, in particles
 
   // Sums the mass of every particle into the per-thread grids of g^3 cells (cell as in
@@ -422,7 +420,7 @@ struct UniverseGenerator::Impl {
     for (int64_t v = 0; v < cells; ++v) {
       int64_t sum = 0;
       for (int t = 0; t < nt; ++t) sum += all[size_t(t) * cells + v];
-      dst[v] = static_cast<float>(static_cast<double>(sum) / kMassOne * scale) + offset;
+      dst[v] = static_cast<float>(static_cast<double>(sum) / pm::kMassOne * scale) + offset;
     }
   }
 
